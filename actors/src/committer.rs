@@ -1,0 +1,196 @@
+//! `Committer`: merges ready segments of many partitions into one transaction.
+//!
+//! Segments that arrive while a transaction is in flight wait and leave together in the next
+//! one (group commit: flush as soon as the previous commit returns). Several committers run side
+//! by side, each with its own store (its own connection); [`CommitterPool`] routes a segment to
+//! the least busy one. A partition is never in two transactions at once because its actor keeps
+//! a single write in flight, so each committer's backlog is bounded by the number of partitions
+//! with pending writes.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use actix::prelude::*;
+use tokio::sync::oneshot;
+
+use crate::error::StoreError;
+use crate::message::Item;
+use crate::store::{SegmentOutcome, SegmentStore, SegmentWrite};
+
+/// A commit that did not happen: why, and the items, so they can go to the spool.
+#[derive(Debug)]
+pub struct CommitFailure {
+    /// What went wrong.
+    pub error: StoreError,
+    /// The segment's items, untouched.
+    pub items: Vec<Item>,
+}
+
+/// What a partition actor learns about its segment.
+pub type SegmentResult = Result<SegmentOutcome, CommitFailure>;
+
+/// A partition's ready segment, handed to a committer.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct SegmentReady {
+    /// The segment.
+    pub write: SegmentWrite,
+    /// Where the outcome goes.
+    pub reply: oneshot::Sender<SegmentResult>,
+}
+
+/// Limits of one committer.
+#[derive(Clone, Debug)]
+pub struct CommitterLimits {
+    /// Segments merged into one transaction at most.
+    pub max_batch_segments: usize,
+    /// Items merged into one transaction at most (a single segment is never split).
+    pub max_batch_items: usize,
+}
+
+impl Default for CommitterLimits {
+    fn default() -> Self {
+        Self {
+            max_batch_segments: 1_000,
+            max_batch_items: 20_000,
+        }
+    }
+}
+
+/// One committer; see the module docs.
+pub struct Committer<S: SegmentStore> {
+    id: usize,
+    store: Option<S>,
+    waiting: Vec<SegmentReady>,
+    load: Arc<AtomicUsize>,
+    limits: CommitterLimits,
+}
+
+impl<S: SegmentStore> Committer<S> {
+    /// A committer writing through `store`; `load` counts segments given to it and not answered.
+    pub fn new(id: usize, store: S, load: Arc<AtomicUsize>, limits: CommitterLimits) -> Self {
+        Self {
+            id,
+            store: Some(store),
+            waiting: Vec::new(),
+            load,
+            limits,
+        }
+    }
+
+    /// Starts the next transaction with everything waiting, unless one is in flight.
+    fn start_commit(&mut self, ctx: &mut Context<Self>) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        let Some(mut store) = self.store.take() else {
+            return; // a transaction is in flight; its completion starts the next one
+        };
+        let mut take = 0;
+        let mut items = 0;
+        for ready in &self.waiting {
+            let n = ready.write.items.len();
+            if take > 0
+                && (take >= self.limits.max_batch_segments
+                    || items + n > self.limits.max_batch_items)
+            {
+                break;
+            }
+            take += 1;
+            items += n;
+        }
+        let batch: Vec<SegmentReady> = self.waiting.drain(..take).collect();
+        let id = self.id;
+        let commit = async move {
+            let (writes, replies): (Vec<SegmentWrite>, Vec<_>) =
+                batch.into_iter().map(|r| (r.write, r.reply)).unzip();
+            let started = std::time::Instant::now();
+            let result = store.commit(&writes).await;
+            tracing::trace!(
+                committer = id,
+                segments = writes.len(),
+                items,
+                elapsed_us = started.elapsed().as_micros() as u64,
+                ok = result.is_ok(),
+                "commit"
+            );
+            (store, writes, replies, result)
+        };
+        ctx.spawn(
+            commit
+                .into_actor(self)
+                .map(|(store, writes, replies, result), act, ctx| {
+                    act.store = Some(store);
+                    act.load.fetch_sub(replies.len(), Ordering::Relaxed);
+                    match result {
+                        Ok(outcomes) => {
+                            for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                                let _ = reply.send(Ok(outcome));
+                            }
+                        }
+                        Err(error) => {
+                            for (reply, write) in replies.into_iter().zip(writes) {
+                                let _ = reply.send(Err(CommitFailure {
+                                    error: error.clone(),
+                                    items: write.items,
+                                }));
+                            }
+                        }
+                    }
+                    act.start_commit(ctx);
+                }),
+        );
+    }
+}
+
+impl<S: SegmentStore> Actor for Committer<S> {
+    type Context = Context<Self>;
+}
+
+impl<S: SegmentStore> Handler<SegmentReady> for Committer<S> {
+    type Result = ();
+
+    fn handle(&mut self, ready: SegmentReady, ctx: &mut Context<Self>) {
+        self.waiting.push(ready);
+        self.start_commit(ctx);
+    }
+}
+
+/// Routes segments to the committer with the smallest backlog.
+#[derive(Clone)]
+pub struct CommitterPool {
+    committers: Arc<Vec<(Recipient<SegmentReady>, Arc<AtomicUsize>)>>,
+}
+
+impl CommitterPool {
+    /// A pool over committers and their load counters (as given to [`Committer::new`]).
+    pub fn new(committers: Vec<(Recipient<SegmentReady>, Arc<AtomicUsize>)>) -> Self {
+        assert!(
+            !committers.is_empty(),
+            "a committer pool needs at least one committer"
+        );
+        Self {
+            committers: Arc::new(committers),
+        }
+    }
+
+    /// Hands a segment to the least busy committer.
+    pub fn submit(&self, ready: SegmentReady) {
+        let (recipient, load) = self
+            .committers
+            .iter()
+            .min_by_key(|(_, load)| load.load(Ordering::Relaxed))
+            .expect("the pool is never empty");
+        load.fetch_add(1, Ordering::Relaxed);
+        // Unbounded on purpose: each partition has at most one segment here, see module docs.
+        recipient.do_send(ready);
+    }
+
+    /// Segments handed to committers and not yet answered.
+    pub fn backlog(&self) -> usize {
+        self.committers
+            .iter()
+            .map(|(_, load)| load.load(Ordering::Relaxed))
+            .sum()
+    }
+}

@@ -1,0 +1,20 @@
+//! The broker's actors: the write path between the HTTP layer and PostgreSQL.
+//!
+//! - [`partition::PartitionActor`]: one per (queue, partition); one write in flight, pushes
+//!   arriving meanwhile leave together as the next segment.
+//! - [`registry::Registry`]: creates partition actors on demand and forgets idle ones.
+//! - [`committer::Committer`]: merges ready segments of many partitions into one transaction
+//!   through a [`store::SegmentStore`].
+//!
+//! This crate never speaks HTTP or SQL: PostgreSQL is reached only through `SegmentStore`,
+//! which the broker implements in `src/storage` and tests may fake.
+
+pub mod committer;
+pub mod error;
+pub mod message;
+pub mod partition;
+pub mod registry;
+pub mod store;
+
+pub use error::PushError;
+pub use message::{Item, PartitionKey, Verdict};

@@ -1,0 +1,219 @@
+//! `PartitionActor`: owns one partition's writes.
+//!
+//! One segment is in flight at a time. Pushes that arrive meanwhile wait in `pending` and leave
+//! together as the next segment (group commit), which is why offset order equals commit order
+//! and why many small concurrent pushes cost one row. The actor never awaits while holding its
+//! state: a commit runs as a spawned future whose completion handler flushes again.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use tokio::sync::oneshot;
+
+use crate::committer::{CommitterPool, SegmentReady, SegmentResult};
+use crate::error::PushError;
+use crate::message::{Item, PartitionKey, Verdict};
+use crate::registry::Registry;
+use crate::store::SegmentWrite;
+
+/// Limits of one partition actor.
+#[derive(Clone, Debug)]
+pub struct PartitionLimits {
+    /// Items waiting behind the in-flight write before pushes are refused (503).
+    pub max_pending_items: usize,
+    /// Items packed into one segment at most (a single request's group is never split).
+    pub max_segment_items: usize,
+    /// An actor with nothing to do for this long stops.
+    pub idle_after: Duration,
+}
+
+impl Default for PartitionLimits {
+    fn default() -> Self {
+        Self {
+            max_pending_items: 100_000,
+            max_segment_items: 10_000,
+            idle_after: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The verdicts of one push group, or why there are none.
+pub type GroupResult = Result<Vec<Verdict>, PushError>;
+
+/// Items of one request for this partition, in body order.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<(), Refused>")]
+pub struct Push {
+    /// The items, in body order.
+    pub items: Vec<Item>,
+    /// Where the verdicts go, one per item, once the write is settled.
+    pub reply: oneshot::Sender<GroupResult>,
+}
+
+/// Why an actor did not take a push; the items come back untouched.
+#[derive(Debug)]
+pub enum Refused {
+    /// The actor is stopping; ask the registry for a fresh one.
+    Closing(Push),
+    /// Too many items are already waiting.
+    Overloaded(Push),
+}
+
+struct Waiting {
+    items: Vec<Item>,
+    reply: oneshot::Sender<GroupResult>,
+}
+
+/// The actor owning one partition's write; see the module docs.
+pub struct PartitionActor {
+    key: PartitionKey,
+    partition_id: Option<i64>,
+    committers: CommitterPool,
+    registry: Registry,
+    limits: PartitionLimits,
+    pending: VecDeque<Waiting>,
+    pending_items: usize,
+    in_flight: bool,
+    closing: bool,
+    last_active: Instant,
+}
+
+impl PartitionActor {
+    /// Creates the actor for `key`; it writes through `committers`.
+    pub fn new(
+        key: PartitionKey,
+        committers: CommitterPool,
+        registry: Registry,
+        limits: PartitionLimits,
+    ) -> Self {
+        Self {
+            key,
+            partition_id: None,
+            committers,
+            registry,
+            limits,
+            pending: VecDeque::new(),
+            pending_items: 0,
+            in_flight: false,
+            closing: false,
+            last_active: Instant::now(),
+        }
+    }
+
+    /// Sends everything waiting (up to the segment limit) as the next segment.
+    fn flush(&mut self, ctx: &mut Context<Self>) {
+        if self.in_flight || self.pending.is_empty() {
+            return;
+        }
+        let mut groups: Vec<(usize, oneshot::Sender<GroupResult>)> = Vec::new();
+        let mut items: Vec<Item> = Vec::new();
+        while let Some(front) = self.pending.front() {
+            let fits = items.is_empty()
+                || items.len() + front.items.len() <= self.limits.max_segment_items;
+            if !fits {
+                break;
+            }
+            let waiting = self.pending.pop_front().expect("front was just seen");
+            groups.push((waiting.items.len(), waiting.reply));
+            items.extend(waiting.items);
+        }
+        self.pending_items -= items.len();
+        self.in_flight = true;
+
+        let (reply, result) = oneshot::channel();
+        self.committers.submit(SegmentReady {
+            write: SegmentWrite {
+                key: self.key.clone(),
+                partition_id: self.partition_id,
+                items,
+            },
+            reply,
+        });
+        let settled = async move {
+            result.await.unwrap_or_else(|_| {
+                Err(crate::committer::CommitFailure {
+                    error: crate::error::StoreError::Transaction(
+                        "committer stopped before answering".into(),
+                    ),
+                    items: Vec::new(),
+                })
+            })
+        };
+        ctx.spawn(settled.into_actor(self).map(move |result, act, ctx| {
+            act.settle(result, groups);
+            act.in_flight = false;
+            act.last_active = Instant::now();
+            act.flush(ctx);
+        }));
+    }
+
+    /// Hands each waiting request its share of the segment's verdicts.
+    fn settle(
+        &mut self,
+        result: SegmentResult,
+        groups: Vec<(usize, oneshot::Sender<GroupResult>)>,
+    ) {
+        match result {
+            Ok(outcome) => {
+                self.partition_id = Some(outcome.partition_id);
+                let mut verdicts = outcome.verdicts.into_iter();
+                for (count, reply) in groups {
+                    let share: Vec<Verdict> = verdicts.by_ref().take(count).collect();
+                    // A producer that hung up no longer needs its answer; the write stands.
+                    let _ = reply.send(Ok(share));
+                }
+            }
+            Err(failure) => {
+                tracing::warn!(partition = %self.key, error = %failure.error, "segment commit failed");
+                for (_, reply) in groups {
+                    let _ = reply.send(Err(PushError::CommitFailed(failure.error.to_string())));
+                }
+            }
+        }
+    }
+}
+
+impl Actor for PartitionActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(1024);
+        let every = (self.limits.idle_after / 2).max(Duration::from_millis(10));
+        ctx.run_interval(every, |act, ctx| {
+            let idle = !act.in_flight
+                && act.pending.is_empty()
+                && act.last_active.elapsed() >= act.limits.idle_after;
+            if idle {
+                // Leave the registry first: a push that already holds our address is refused
+                // with `Closing` and retried on a fresh actor.
+                act.closing = true;
+                act.registry.forget(&act.key, &ctx.address());
+                ctx.stop();
+            }
+        });
+    }
+}
+
+impl Handler<Push> for PartitionActor {
+    type Result = Result<(), Refused>;
+
+    fn handle(&mut self, push: Push, ctx: &mut Context<Self>) -> Self::Result {
+        if self.closing {
+            return Err(Refused::Closing(push));
+        }
+        if self.pending_items > 0
+            && self.pending_items + push.items.len() > self.limits.max_pending_items
+        {
+            return Err(Refused::Overloaded(push));
+        }
+        self.last_active = Instant::now();
+        self.pending_items += push.items.len();
+        self.pending.push_back(Waiting {
+            items: push.items,
+            reply: push.reply,
+        });
+        self.flush(ctx);
+        Ok(())
+    }
+}

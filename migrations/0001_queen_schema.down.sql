@@ -1,0 +1,2 @@
+-- Drops everything the broker stores.
+DROP SCHEMA IF EXISTS queen CASCADE;

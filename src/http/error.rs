@@ -1,0 +1,76 @@
+//! The one place that maps failures to HTTP: status codes and the protocol's `{"error": ...}`.
+
+use actix_web::http::{header, StatusCode};
+use actix_web::{HttpResponse, ResponseError};
+use broker_actors::PushError;
+
+/// A request that could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The body is malformed or breaks a rule of the route.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The body is larger than `QUEEN_MAX_BODY_BYTES`.
+    #[error("request body exceeds QUEEN_MAX_BODY_BYTES ({limit} bytes)")]
+    TooLarge {
+        /// The configured limit.
+        limit: usize,
+    },
+    /// The write path is saturated; retry after the delay.
+    #[error("broker is overloaded, retry later")]
+    Overloaded {
+        /// Seconds to wait.
+        retry_after_secs: u64,
+    },
+    /// The write path failed.
+    #[error(transparent)]
+    Push(#[from] PushError),
+    /// No route matches.
+    #[error("no route for {method} {path}")]
+    NoSuchRoute {
+        /// Request method.
+        method: String,
+        /// Request path.
+        path: String,
+    },
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Push(PushError::Overloaded(_)) => StatusCode::SERVICE_UNAVAILABLE,
+            // Nothing was stored: a retry is safe and, with a stable transactionId, exact.
+            Self::Push(PushError::CommitFailed(_) | PushError::ActorStopped) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::NoSuchRoute { .. } => StatusCode::NOT_FOUND,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let status = self.status_code();
+        if status.is_server_error() {
+            tracing::warn!(error = %self, status = status.as_u16(), "request failed");
+        }
+        let mut res = HttpResponse::build(status);
+        let retry_after = match self {
+            Self::Overloaded { retry_after_secs } => Some(*retry_after_secs),
+            Self::Push(PushError::Overloaded(d)) => Some(d.as_secs().max(1)),
+            Self::Push(_) => Some(1),
+            _ => None,
+        };
+        if let Some(secs) = retry_after {
+            res.insert_header((header::RETRY_AFTER, secs.to_string()));
+        }
+        let body = match self {
+            Self::NoSuchRoute { .. } => {
+                serde_json::json!({ "error": self.to_string(), "code": "no_such_route" })
+            }
+            _ => serde_json::json!({ "error": self.to_string() }),
+        };
+        res.json(body)
+    }
+}

@@ -1,0 +1,16 @@
+//! queen-broker: a PostgreSQL-backed message broker speaking Queen MQ's HTTP protocol.
+//!
+//! Map of the modules:
+//! - [`settings`]: environment variables (Queen's names) and `config/*.toml`.
+//! - [`app`]: wiring: database → migrations → actors → HTTP server; shutdown order.
+//! - [`http`]: the routes (`push`, `health`, ...), body limits and error mapping.
+//! - [`storage`]: every SQL statement; the commit transaction is `storage::commit`.
+//! - [`pg`]: a private PostgreSQL cluster from the local server binaries.
+//!
+//! The actors (partition, committer, registry) live in the `broker-actors` crate (`actors/`).
+
+pub mod app;
+pub mod http;
+pub mod pg;
+pub mod settings;
+pub mod storage;

@@ -1,0 +1,180 @@
+//! The dedup sidecar: one narrow row per message (partition, 64-bit hash of its transactionId,
+//! offset, time), probed under the partition row lock before offsets are allocated.
+//!
+//! The hash only narrows the search: a hit is confirmed by reading the original frame and
+//! comparing the full transactionId, so dedup stays exact.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::storage::frames;
+
+/// The 64-bit key hash stored in the sidecar.
+pub fn key_hash(transaction_id: &str) -> i64 {
+    xxhash_rust::xxh3::xxh3_64(transaction_id.as_bytes()) as i64
+}
+
+/// One probe: this partition, this key hash, this queue's window.
+pub struct Probe {
+    /// Partition id.
+    pub partition_id: i64,
+    /// Key hash.
+    pub hash: i64,
+    /// Window in seconds (> 0).
+    pub window_secs: i32,
+}
+
+/// Offsets of sidecar rows inside their window matching the probes, by (partition, hash).
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn probe(
+    conn: &mut PgConnection,
+    probes: &[Probe],
+) -> sqlx::Result<HashMap<(i64, i64), Vec<i64>>> {
+    let mut hits: HashMap<(i64, i64), Vec<i64>> = HashMap::new();
+    if probes.is_empty() {
+        return Ok(hits);
+    }
+    let pids: Vec<i64> = probes.iter().map(|p| p.partition_id).collect();
+    let hashes: Vec<i64> = probes.iter().map(|p| p.hash).collect();
+    let windows: Vec<i32> = probes.iter().map(|p| p.window_secs).collect();
+    let rows: Vec<(i64, i64, i64)> = sqlx::query_as(
+        "SELECT d.partition_id, d.key_hash, d.msg_offset
+           FROM unnest($1::int8[], $2::int8[], $3::int4[]) AS x(partition_id, key_hash, window_secs)
+           JOIN queen.dedup_keys d
+             ON d.partition_id = x.partition_id
+            AND d.key_hash = x.key_hash
+          WHERE d.created_at > now() - make_interval(secs => x.window_secs)",
+    )
+    .bind(&pids)
+    .bind(&hashes)
+    .bind(&windows)
+    .fetch_all(conn)
+    .await?;
+    for (pid, hash, offset) in rows {
+        hits.entry((pid, hash)).or_default().push(offset);
+    }
+    Ok(hits)
+}
+
+/// What the stored message at an offset is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Original {
+    /// The frame is there: its id and transactionId.
+    Found {
+        /// Message id.
+        id: Uuid,
+        /// Its transactionId.
+        transaction_id: String,
+    },
+    /// The segment holding the offset is gone (retention).
+    Gone,
+}
+
+/// Reads the messages at these (partition, offset) pairs from their segments.
+///
+/// # Errors
+///
+/// Any database error; a segment that does not decode is reported as a protocol error.
+pub async fn originals(
+    conn: &mut PgConnection,
+    at: &[(i64, i64)],
+) -> sqlx::Result<HashMap<(i64, i64), Original>> {
+    let pids: Vec<i64> = at.iter().map(|a| a.0).collect();
+    let offsets: Vec<i64> = at.iter().map(|a| a.1).collect();
+    let rows: Vec<(i64, i64, Option<i64>, Option<i32>, Option<Vec<u8>>)> = sqlx::query_as(
+        "SELECT x.partition_id, x.msg_offset, s.base_offset, s.msg_count, s.frames
+           FROM unnest($1::int8[], $2::int8[]) AS x(partition_id, msg_offset)
+           LEFT JOIN LATERAL (
+                SELECT base_offset, msg_count, frames
+                  FROM queen.segments
+                 WHERE partition_id = x.partition_id
+                   AND base_offset <= x.msg_offset
+                 ORDER BY base_offset DESC
+                 LIMIT 1
+           ) s ON s.base_offset + s.msg_count > x.msg_offset",
+    )
+    .bind(&pids)
+    .bind(&offsets)
+    .fetch_all(conn)
+    .await?;
+    let mut found = HashMap::with_capacity(rows.len());
+    for (pid, offset, base, _count, bytes) in rows {
+        let original = match (base, bytes) {
+            (Some(base), Some(bytes)) => {
+                let decoded = frames::decode(&bytes)
+                    .map_err(|e| sqlx::Error::Protocol(format!("partition {pid}: {e}")))?;
+                match decoded.get((offset - base) as usize) {
+                    Some(frame) => Original::Found {
+                        id: frame.id,
+                        transaction_id: frame.transaction_id.to_string(),
+                    },
+                    None => Original::Gone,
+                }
+            }
+            _ => Original::Gone,
+        };
+        found.insert((pid, offset), original);
+    }
+    Ok(found)
+}
+
+/// Deletes up to `limit` sidecar rows older than their queue's window (or of deleted
+/// partitions); returns how many went. The bound on the smallest window lets the BRIN index
+/// skip every block younger than that.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn sweep_expired(conn: &mut PgConnection, limit: i64) -> sqlx::Result<u64> {
+    let done = sqlx::query(
+        "DELETE FROM queen.dedup_keys
+          WHERE ctid = ANY (ARRAY(
+                SELECT d.ctid
+                  FROM queen.dedup_keys d
+                  LEFT JOIN queen.partitions p ON p.id = d.partition_id
+                  LEFT JOIN queen.queues q ON q.id = p.queue_id
+                 WHERE d.created_at < now() - make_interval(secs => (
+                           SELECT COALESCE(min(dedup_window_seconds), 0)
+                             FROM queen.queues
+                            WHERE dedup_window_seconds > 0))
+                   AND (q.id IS NULL
+                        OR d.created_at < now() - make_interval(secs => q.dedup_window_seconds))
+                 LIMIT $1))",
+    )
+    .bind(limit)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Sweeps expired sidecar rows in batches until none are left (a background task).
+pub async fn sweep_loop(pool: sqlx::PgPool, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let mut total = 0u64;
+        loop {
+            let batch = match pool.acquire().await {
+                Ok(mut conn) => sweep_expired(&mut conn, 5_000).await,
+                Err(e) => Err(e),
+            };
+            match batch {
+                Ok(0) => break,
+                Ok(n) => total += n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "dedup sweep failed; retrying at the next interval");
+                    break;
+                }
+            }
+        }
+        if total > 0 {
+            tracing::debug!(rows = total, "swept expired dedup keys");
+        }
+    }
+}

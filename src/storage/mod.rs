@@ -1,0 +1,48 @@
+//! All of the broker's SQL: one file per table group, plus the commit transaction.
+//!
+//! - [`partitions`]: queues and partitions, created on first use.
+//! - [`frames`]: how a segment's messages are encoded in its `frames` column.
+//! - [`dedup`]: the dedup sidecar (probe, originals, expiry sweep).
+//! - [`commit`]: the transaction that writes many partitions' segments at once.
+
+pub mod commit;
+pub mod dedup;
+pub mod frames;
+pub mod partitions;
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+
+use crate::settings::Settings;
+
+/// The migrations in `migrations/`, embedded in the binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Connection options for `url` with the session timeouts from `settings`.
+///
+/// # Errors
+///
+/// When the URL does not parse.
+pub fn connect_options(url: &str, settings: &Settings) -> Result<PgConnectOptions, sqlx::Error> {
+    let options: PgConnectOptions = url.parse()?;
+    Ok(options.application_name("queen-broker").options([
+        (
+            "statement_timeout",
+            format!("{}", settings.statement_timeout.as_millis()),
+        ),
+        (
+            "lock_timeout",
+            format!("{}", settings.lock_timeout.as_millis()),
+        ),
+    ]))
+}
+
+/// The shared pool (health, admin and background work); committers have their own connections.
+pub fn pool(options: PgConnectOptions, settings: &Settings) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(settings.db_pool_size)
+        .acquire_timeout(settings.connect_timeout.max(Duration::from_millis(500)))
+        .connect_lazy_with(options)
+}
