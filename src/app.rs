@@ -70,8 +70,10 @@ pub enum StartError {
 pub struct Broker {
     /// The bound HTTP port.
     pub port: u16,
-    /// The running server (await it, or stop it through its handle).
-    pub server: actix_web::dev::Server,
+    /// The server future; [`run`] awaits it, tests spawn it.
+    pub server: Option<actix_web::dev::Server>,
+    /// Stops the server.
+    pub handle: actix_web::dev::ServerHandle,
     /// Shared state, for tests and background tasks.
     pub state: web::Data<AppState>,
     arbiters: Vec<Arbiter>,
@@ -80,11 +82,11 @@ pub struct Broker {
 
 impl Broker {
     /// Stops the actor threads and a private cluster; call after the server has stopped.
-    pub fn shutdown(self) {
+    pub fn shutdown(&self) {
         for arbiter in &self.arbiters {
             arbiter.stop();
         }
-        if let Some(cluster) = self.private_cluster {
+        if let Some(cluster) = &self.private_cluster {
             tracing::info!(data_dir = %cluster.data_dir.display(), "stopping the private PostgreSQL");
             if let Err(e) = cluster.stop(false) {
                 tracing::warn!(error = %e, "private PostgreSQL did not stop cleanly");
@@ -101,7 +103,11 @@ impl Broker {
 pub async fn run(settings: Settings) -> Result<(), StartError> {
     let mut broker = start(settings).await?;
     tracing::info!(port = broker.port, "queen-broker listening");
-    let result = (&mut broker.server).await;
+    let server = broker
+        .server
+        .take()
+        .expect("a started broker has its server");
+    let result = server.await;
     broker.shutdown();
     result.map_err(StartError::Server)
 }
@@ -218,7 +224,8 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     let server = server.run();
     Ok(Broker {
         port,
-        server,
+        handle: server.handle(),
+        server: Some(server),
         state,
         arbiters: vec![committer_arbiter, partition_arbiter],
         private_cluster,
