@@ -120,9 +120,10 @@ async fn resolve_database(
     if settings.database_configured {
         return Ok((settings.database.url(), None));
     }
+    let probe = settings.private_pg_probe.as_str();
     let local = tokio::time::timeout(
         Duration::from_secs(1),
-        tokio::net::TcpStream::connect(("127.0.0.1", 5432)),
+        tokio::net::TcpStream::connect(probe),
     )
     .await;
     if matches!(local, Ok(Ok(_))) {
@@ -138,7 +139,8 @@ async fn resolve_database(
     tracing::info!(
         data_dir = %dir.display(),
         port,
-        "no database configured and none answers on localhost:5432: starting a private PostgreSQL"
+        probe,
+        "no database configured and none answers at the probe address: starting a private PostgreSQL"
     );
     let starting = cluster.clone();
     tokio::task::spawn_blocking(move || starting.start(true))

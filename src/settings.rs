@@ -180,6 +180,8 @@ pub struct Settings {
     pub dedup_sweep_every: Duration,
     /// Data folder of the private PostgreSQL.
     pub private_pg_dir: PathBuf,
+    /// Where a local PostgreSQL is looked for before a private one is started.
+    pub private_pg_probe: String,
     /// Spool directory.
     pub file_buffer_dir: PathBuf,
     /// HTTP workers.
@@ -334,6 +336,10 @@ impl Settings {
             private_pg_dir: PathBuf::from(
                 src.get("QUEEN_PRIVATE_PG_DIR").unwrap_or(".queen/postgres"),
             ),
+            private_pg_probe: src
+                .get("QUEEN_PRIVATE_PG_PROBE")
+                .unwrap_or("127.0.0.1:5432")
+                .to_string(),
             file_buffer_dir: PathBuf::from(
                 src.get("FILE_BUFFER_DIR")
                     .unwrap_or("/var/lib/queen/buffers"),

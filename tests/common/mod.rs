@@ -50,7 +50,9 @@ pub fn pg() -> &'static TestPg {
             stop = cluster.stop_command_line(),
             dir = dir.display()
         );
-        Command::new("sh")
+        // Deliberately not waited for: it must outlive this process.
+        #[allow(clippy::zombie_processes)]
+        let _watchdog = Command::new("sh")
             .arg("-c")
             .arg(watchdog)
             .stdin(Stdio::null())
