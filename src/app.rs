@@ -11,6 +11,8 @@ use actix_web::{web, App, HttpServer};
 use broker_actors::committer::{Committer, CommitterLimits, CommitterPool};
 use broker_actors::partition::PartitionLimits;
 use broker_actors::registry::Registry;
+use broker_actors::spool::replay::Replayer;
+use broker_actors::spool::{SpoolActor, SpoolError, SpoolHandle, SpoolState};
 use sqlx::PgPool;
 
 use crate::pg::{ClusterError, PrivateCluster};
@@ -22,6 +24,35 @@ use crate::storage::{self, commit::PgStore};
 pub struct Inflight {
     /// Bytes admitted and not yet answered.
     pub bytes: AtomicUsize,
+}
+
+/// Flags every broker follows, as last read from PostgreSQL (push maintenance lives in the
+/// spool's state, next to the actors that act on it).
+#[derive(Default)]
+pub struct Flags {
+    pop_maintenance: std::sync::atomic::AtomicBool,
+    generation: std::sync::atomic::AtomicU64,
+}
+
+impl Flags {
+    /// Whether pop maintenance mode is on.
+    pub fn pop_maintenance(&self) -> bool {
+        self.pop_maintenance.load(Ordering::Acquire)
+    }
+
+    /// Sets pop maintenance mode.
+    pub fn set_pop_maintenance(&self, on: bool) {
+        self.pop_maintenance.store(on, Ordering::Release);
+    }
+
+    /// Marks a local change, so a poll that read the database before it does not undo it.
+    pub fn changed(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
 }
 
 /// What every request handler can reach.
@@ -36,6 +67,10 @@ pub struct AppState {
     pub inflight: Arc<Inflight>,
     /// Committers' backlog.
     pub committers: CommitterPool,
+    /// The spool (depth, maintenance mode).
+    pub spool: SpoolHandle,
+    /// Shared flags.
+    pub flags: Arc<Flags>,
 }
 
 /// Why the broker could not start.
@@ -61,6 +96,9 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    /// The spool directory is unusable.
+    #[error("{0}")]
+    Spool(#[from] SpoolError),
     /// The server failed while running.
     #[error("server error: {0}")]
     Server(#[source] std::io::Error),
@@ -159,6 +197,9 @@ async fn resolve_database(
 /// [`StartError`] when a dependency is unusable.
 pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     let settings = Arc::new(settings);
+    // The spool first: a broker that cannot spool must not start taking pushes.
+    let spool_state = Arc::new(SpoolState::default());
+    let spool_actor = SpoolActor::open(&settings.file_buffer_dir, spool_state.clone())?;
     let (url, private_cluster) = resolve_database(&settings).await?;
     let target = format!("{:?}", crate::settings::Database::Url(url.clone()));
     let db_err = |reason: String| StartError::Database {
@@ -167,17 +208,25 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     };
     let options = storage::connect_options(&url, &settings).map_err(|e| db_err(e.to_string()))?;
     let pool = storage::pool(options.clone(), &settings);
-    storage::MIGRATOR
-        .run(&pool)
-        .await
-        .map_err(|e| db_err(e.to_string()))?;
+    match tokio::time::timeout(settings.connect_timeout * 2, storage::MIGRATOR.run(&pool)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(sqlx::migrate::MigrateError::Execute(e))) if is_unreachable(&e) => {
+            defer_migrations(&pool, &target, &e.to_string());
+        }
+        Ok(Err(e)) => return Err(db_err(e.to_string())),
+        Err(_) => defer_migrations(&pool, &target, "connect timed out"),
+    }
 
     let committer_arbiter = Arbiter::new();
     let partition_arbiter = Arbiter::new();
     let mut committers = Vec::with_capacity(settings.committers);
     for id in 0..settings.committers {
         let load = Arc::new(AtomicUsize::new(0));
-        let store = PgStore::new(options.clone());
+        let store = PgStore::new(
+            options.clone(),
+            settings.connect_timeout,
+            settings.commit_timeout,
+        );
         let counter = load.clone();
         let addr = Committer::start_in_arbiter(&committer_arbiter.handle(), move |_| {
             Committer::new(id, store, counter, CommitterLimits::default())
@@ -185,6 +234,28 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         committers.push((addr.recipient(), load));
     }
     let committers = CommitterPool::new(committers);
+
+    let spool_actor =
+        SpoolActor::start_in_arbiter(&committer_arbiter.handle(), move |_| spool_actor);
+    let spool = SpoolHandle {
+        actor: spool_actor.clone(),
+        state: spool_state.clone(),
+    };
+    let replay_store = PgStore::new(
+        options.clone(),
+        settings.connect_timeout,
+        settings.commit_timeout,
+    );
+    let replay_state = spool_state.clone();
+    Replayer::start_in_arbiter(&committer_arbiter.handle(), move |_| {
+        Replayer::new(
+            replay_store,
+            spool_actor,
+            replay_state,
+            Duration::from_millis(250),
+        )
+    });
+
     let registry = Registry::new(
         vec![partition_arbiter.handle()],
         committers.clone(),
@@ -193,7 +264,11 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
             idle_after: settings.partition_idle,
             ..PartitionLimits::default()
         },
+        Some(spool.clone()),
     );
+    let flags = Arc::new(Flags::default());
+    actix_web::rt::spawn(poll_flags(pool.clone(), spool_state.clone(), flags.clone()));
+    actix_web::rt::spawn(report_spool(spool_state.clone()));
 
     actix_web::rt::spawn(storage::dedup::sweep_loop(
         pool.clone(),
@@ -206,6 +281,8 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         settings: settings.clone(),
         inflight: Arc::new(Inflight::default()),
         committers,
+        spool,
+        flags,
     });
     let data = state.clone();
     let addr = format!("{}:{}", settings.host, settings.port);
@@ -237,4 +314,88 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
 /// Bytes currently admitted (for metrics and tests).
 pub fn inflight_bytes(state: &AppState) -> usize {
     state.inflight.bytes.load(Ordering::Relaxed)
+}
+
+fn is_unreachable(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_)
+    )
+}
+
+/// PostgreSQL is away at start-up: serve anyway (pushes go to the spool) and migrate once it
+/// answers.
+fn defer_migrations(pool: &PgPool, target: &str, reason: &str) {
+    tracing::warn!(
+        database = target,
+        reason,
+        "PostgreSQL unreachable at start-up; pushes are spooled until it answers"
+    );
+    let pool = pool.clone();
+    actix_web::rt::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            match storage::MIGRATOR.run(&pool).await {
+                Ok(()) => {
+                    tracing::info!("PostgreSQL answers; migrations are applied");
+                    return;
+                }
+                Err(e) => tracing::debug!(error = %e, "migrations still waiting for PostgreSQL"),
+            }
+        }
+    });
+}
+
+/// Follows the maintenance flags stored in PostgreSQL (every broker on the database sees the
+/// same); keeps the last known state while the database is away.
+async fn poll_flags(pool: PgPool, spool: Arc<SpoolState>, flags: Arc<Flags>) {
+    use crate::storage::system;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let generation = flags.generation();
+        let read = async {
+            let push = system::flag(&pool, system::MAINTENANCE).await?;
+            let pop = system::flag(&pool, system::POP_MAINTENANCE).await?;
+            Ok::<_, sqlx::Error>((push, pop))
+        };
+        if let Ok(Ok((push, pop))) = tokio::time::timeout(Duration::from_secs(2), read).await {
+            // A local change after the read started wins until the next poll.
+            if flags.generation() == generation {
+                if push != spool.maintenance() {
+                    tracing::info!(
+                        enabled = push,
+                        "maintenance mode changed (from the database)"
+                    );
+                }
+                spool.set_maintenance(push);
+                flags.set_pop_maintenance(pop);
+            }
+        }
+    }
+}
+
+/// Logs spool depth, replay rate and how long PostgreSQL has been unreachable, while any of
+/// them is worth saying.
+async fn report_spool(spool: Arc<SpoolState>) {
+    let every = Duration::from_secs(10);
+    let mut tick = tokio::time::interval(every);
+    let mut replayed_before = spool.replayed();
+    loop {
+        tick.tick().await;
+        let replayed = spool.replayed();
+        let rate = (replayed - replayed_before) as f64 / every.as_secs_f64();
+        replayed_before = replayed;
+        let down = spool.db_down_for();
+        if spool.records() > 0 || down.is_some() || rate > 0.0 {
+            tracing::warn!(
+                spool_records = spool.records(),
+                spool_bytes = spool.bytes(),
+                replay_per_sec = rate,
+                db_unreachable_secs = down.map(|d| d.as_secs()),
+                maintenance = spool.maintenance(),
+                "spool status"
+            );
+        }
+    }
 }

@@ -170,6 +170,8 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// Number of committers.
     pub committers: usize,
+    /// Longest a commit may take before its items are spooled.
+    pub commit_timeout: Duration,
     /// Request bytes in the write path before 503.
     pub max_inflight_bytes: usize,
     /// Items waiting per partition before 503.
@@ -328,6 +330,7 @@ impl Settings {
             connect_timeout: Duration::from_millis(src.positive("DB_CONNECTION_TIMEOUT", 2_000)?),
             max_body_bytes: src.positive("QUEEN_MAX_BODY_BYTES", 64 * 1024 * 1024)? as usize,
             committers: src.positive("QUEEN_COMMITTERS", 4)? as usize,
+            commit_timeout: Duration::from_millis(src.positive("QUEEN_COMMIT_TIMEOUT_MS", 10_000)?),
             max_inflight_bytes: src.positive("QUEEN_MAX_INFLIGHT_BYTES", 256 * 1024 * 1024)?
                 as usize,
             partition_max_pending: src.positive("QUEEN_PARTITION_MAX_PENDING", 100_000)? as usize,

@@ -5,6 +5,7 @@
 //! - [`registry::Registry`]: creates partition actors on demand and forgets idle ones.
 //! - [`committer::Committer`]: merges ready segments of many partitions into one transaction
 //!   through a [`store::SegmentStore`].
+//! - [`spool`]: the disk spool that takes items whose commit failed, and replays them.
 //!
 //! This crate never speaks HTTP or SQL: PostgreSQL is reached only through `SegmentStore`,
 //! which the broker implements in `src/storage` and tests may fake.
@@ -14,6 +15,7 @@ pub mod error;
 pub mod message;
 pub mod partition;
 pub mod registry;
+pub mod spool;
 pub mod store;
 
 pub use error::PushError;

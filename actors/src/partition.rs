@@ -11,10 +11,12 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use crate::committer::{CommitterPool, SegmentReady, SegmentResult};
-use crate::error::PushError;
+use crate::committer::{CommitFailure, CommitterPool, SegmentReady};
+use crate::error::{PushError, StoreError};
 use crate::message::{Item, PartitionKey, Verdict};
 use crate::registry::Registry;
+use crate::spool::record::Record;
+use crate::spool::SpoolHandle;
 use crate::store::SegmentWrite;
 
 /// Limits of one partition actor.
@@ -72,6 +74,7 @@ pub struct PartitionActor {
     committers: CommitterPool,
     registry: Registry,
     limits: PartitionLimits,
+    spool: Option<SpoolHandle>,
     pending: VecDeque<Waiting>,
     pending_items: usize,
     in_flight: bool,
@@ -80,12 +83,14 @@ pub struct PartitionActor {
 }
 
 impl PartitionActor {
-    /// Creates the actor for `key`; it writes through `committers`.
+    /// Creates the actor for `key`; it writes through `committers`, and spools through `spool`
+    /// when a commit fails (without a spool, a failed commit is an error for the producer).
     pub fn new(
         key: PartitionKey,
         committers: CommitterPool,
         registry: Registry,
         limits: PartitionLimits,
+        spool: Option<SpoolHandle>,
     ) -> Self {
         Self {
             key,
@@ -93,6 +98,7 @@ impl PartitionActor {
             committers,
             registry,
             limits,
+            spool,
             pending: VecDeque::new(),
             pending_items: 0,
             in_flight: false,
@@ -101,7 +107,8 @@ impl PartitionActor {
         }
     }
 
-    /// Sends everything waiting (up to the segment limit) as the next segment.
+    /// Sends everything waiting (up to the segment limit) as the next segment: to a committer,
+    /// or to the spool when the partition already has spooled items or maintenance is on.
     fn flush(&mut self, ctx: &mut Context<Self>) {
         if self.in_flight || self.pending.is_empty() {
             return;
@@ -121,6 +128,17 @@ impl PartitionActor {
         self.pending_items -= items.len();
         self.in_flight = true;
 
+        if let Some(spool) = &self.spool {
+            let force = spool.state.maintenance();
+            if spool
+                .state
+                .route_to_spool(&self.key, items.len() as u64, force)
+            {
+                self.spool_items(items, groups, ctx);
+                return;
+            }
+        }
+
         let (reply, result) = oneshot::channel();
         self.committers.submit(SegmentReady {
             write: SegmentWrite {
@@ -132,45 +150,83 @@ impl PartitionActor {
         });
         let settled = async move {
             result.await.unwrap_or_else(|_| {
-                Err(crate::committer::CommitFailure {
-                    error: crate::error::StoreError::Transaction(
-                        "committer stopped before answering".into(),
-                    ),
+                Err(CommitFailure {
+                    error: StoreError::Transaction("committer stopped before answering".into()),
                     items: Vec::new(),
                 })
             })
         };
-        ctx.spawn(settled.into_actor(self).map(move |result, act, ctx| {
-            act.settle(result, groups);
-            act.in_flight = false;
-            act.last_active = Instant::now();
-            act.flush(ctx);
-        }));
-    }
-
-    /// Hands each waiting request its share of the segment's verdicts.
-    fn settle(
-        &mut self,
-        result: SegmentResult,
-        groups: Vec<(usize, oneshot::Sender<GroupResult>)>,
-    ) {
-        match result {
+        ctx.spawn(settled.into_actor(self).map(move |result, act, ctx| match result {
             Ok(outcome) => {
-                self.partition_id = Some(outcome.partition_id);
+                if let Some(spool) = &act.spool {
+                    spool.state.mark_db_up();
+                }
+                act.partition_id = Some(outcome.partition_id);
                 let mut verdicts = outcome.verdicts.into_iter();
                 for (count, reply) in groups {
                     let share: Vec<Verdict> = verdicts.by_ref().take(count).collect();
                     // A producer that hung up no longer needs its answer; the write stands.
                     let _ = reply.send(Ok(share));
                 }
+                act.write_done(ctx);
             }
             Err(failure) => {
-                tracing::warn!(partition = %self.key, error = %failure.error, "segment commit failed");
-                for (_, reply) in groups {
-                    let _ = reply.send(Err(PushError::CommitFailed(failure.error.to_string())));
+                tracing::warn!(partition = %act.key, error = %failure.error, "segment commit failed");
+                match &act.spool {
+                    Some(spool) if !failure.items.is_empty() => {
+                        if matches!(failure.error, StoreError::Unavailable(_)) {
+                            spool.state.mark_db_down();
+                        }
+                        spool.state.reserve(&act.key, failure.items.len() as u64);
+                        act.spool_items(failure.items, groups, ctx);
+                    }
+                    _ => {
+                        for (_, reply) in groups {
+                            let _ = reply.send(Err(PushError::CommitFailed(failure.error.to_string())));
+                        }
+                        act.write_done(ctx);
+                    }
                 }
             }
-        }
+        }));
+    }
+
+    /// Appends items (their spool places already reserved) and answers `buffered`, or `failed`
+    /// when the spool could not take them.
+    fn spool_items(
+        &mut self,
+        items: Vec<Item>,
+        groups: Vec<(usize, oneshot::Sender<GroupResult>)>,
+        ctx: &mut Context<Self>,
+    ) {
+        let spool = self.spool.clone().expect("only called with a spool");
+        let records: Vec<Record> = items
+            .into_iter()
+            .map(|item| Record {
+                key: self.key.clone(),
+                item,
+            })
+            .collect();
+        let appended = async move { spool.append(records).await };
+        ctx.spawn(appended.into_actor(self).map(move |result, act, ctx| {
+            let verdict = match result {
+                Ok(()) => Verdict::Buffered,
+                Err(e) => {
+                    tracing::error!(partition = %act.key, error = %e, "items could not be spooled");
+                    Verdict::Failed
+                }
+            };
+            for (count, reply) in groups {
+                let _ = reply.send(Ok(vec![verdict; count]));
+            }
+            act.write_done(ctx);
+        }));
+    }
+
+    fn write_done(&mut self, ctx: &mut Context<Self>) {
+        self.in_flight = false;
+        self.last_active = Instant::now();
+        self.flush(ctx);
     }
 }
 

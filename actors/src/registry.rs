@@ -16,6 +16,7 @@ use crate::committer::CommitterPool;
 use crate::error::PushError;
 use crate::message::{Item, PartitionKey};
 use crate::partition::{GroupResult, PartitionActor, PartitionLimits, Push, Refused};
+use crate::spool::SpoolHandle;
 
 /// How long a producer is asked to wait when the broker is saturated.
 pub const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
@@ -25,6 +26,7 @@ struct Inner {
     arbiters: Vec<ArbiterHandle>,
     committers: CommitterPool,
     limits: PartitionLimits,
+    spool: Option<SpoolHandle>,
 }
 
 /// Shared handle to the partition actors; cheap to clone.
@@ -39,6 +41,7 @@ impl Registry {
         arbiters: Vec<ArbiterHandle>,
         committers: CommitterPool,
         limits: PartitionLimits,
+        spool: Option<SpoolHandle>,
     ) -> Self {
         assert!(
             !arbiters.is_empty(),
@@ -50,6 +53,7 @@ impl Registry {
                 arbiters,
                 committers,
                 limits,
+                spool,
             }),
         }
     }
@@ -65,14 +69,15 @@ impl Registry {
         let mut hasher = DefaultHasher::new();
         key.hash(&mut hasher);
         let arbiter = &self.inner.arbiters[hasher.finish() as usize % self.inner.arbiters.len()];
-        let (k, committers, registry, limits) = (
+        let (k, committers, registry, limits, spool) = (
             key.clone(),
             self.inner.committers.clone(),
             self.clone(),
             self.inner.limits.clone(),
+            self.inner.spool.clone(),
         );
         let addr = PartitionActor::start_in_arbiter(arbiter, move |_| {
-            PartitionActor::new(k, committers, registry, limits)
+            PartitionActor::new(k, committers, registry, limits, spool)
         });
         actors.insert(key.clone(), addr.clone());
         addr

@@ -22,6 +22,9 @@ pub enum ApiError {
         /// Seconds to wait.
         retry_after_secs: u64,
     },
+    /// PostgreSQL is needed and did not answer.
+    #[error("{0}")]
+    Unavailable(String),
     /// The write path failed.
     #[error(transparent)]
     Push(#[from] PushError),
@@ -41,6 +44,7 @@ impl ResponseError for ApiError {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Push(PushError::Overloaded(_)) => StatusCode::SERVICE_UNAVAILABLE,
             // Nothing was stored: a retry is safe and, with a stable transactionId, exact.
             Self::Push(PushError::CommitFailed(_) | PushError::ActorStopped) => {
@@ -59,7 +63,7 @@ impl ResponseError for ApiError {
         let retry_after = match self {
             Self::Overloaded { retry_after_secs } => Some(*retry_after_secs),
             Self::Push(PushError::Overloaded(d)) => Some(d.as_secs().max(1)),
-            Self::Push(_) => Some(1),
+            Self::Push(_) | Self::Unavailable(_) => Some(1),
             _ => None,
         };
         if let Some(secs) = retry_after {

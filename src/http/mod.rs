@@ -6,6 +6,7 @@
 pub mod body;
 pub mod error;
 pub mod health;
+pub mod maintenance;
 pub mod push;
 
 use actix_web::http::{header, Method};
@@ -58,6 +59,31 @@ pub fn routes() -> Vec<Route> {
             path: "/health/live",
             capability: Capability::Public,
         },
+        Route {
+            method: Method::GET,
+            path: "/api/v1/system/maintenance",
+            capability: Capability::Admin,
+        },
+        Route {
+            method: Method::POST,
+            path: "/api/v1/system/maintenance",
+            capability: Capability::Admin,
+        },
+        Route {
+            method: Method::GET,
+            path: "/api/v1/system/maintenance/pop",
+            capability: Capability::Admin,
+        },
+        Route {
+            method: Method::POST,
+            path: "/api/v1/system/maintenance/pop",
+            capability: Capability::Admin,
+        },
+        Route {
+            method: Method::GET,
+            path: "/api/v1/system/shared-state",
+            capability: Capability::Admin,
+        },
     ]
 }
 
@@ -68,6 +94,11 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             ("POST", "/api/v1/push") => web::post().to(push::push),
             ("GET", "/health") => web::get().to(health::health),
             ("GET", "/health/live") => web::get().to(health::live),
+            ("GET", "/api/v1/system/maintenance") => web::get().to(maintenance::get),
+            ("POST", "/api/v1/system/maintenance") => web::post().to(maintenance::set),
+            ("GET", "/api/v1/system/maintenance/pop") => web::get().to(maintenance::get_pop),
+            ("POST", "/api/v1/system/maintenance/pop") => web::post().to(maintenance::set_pop),
+            ("GET", "/api/v1/system/shared-state") => web::get().to(maintenance::shared_state),
             (method, path) => panic!("route {method} {path} is in the table but has no handler"),
         };
         cfg.route(route.path, handler);

@@ -302,6 +302,10 @@ pub async fn push(
     drop(bytes);
     let items = mint(&parsed, None);
     let results = push_items(&state, &parsed, items).await?;
+    // The one push whose trouble shows in the status: maintenance mode with a failed spool write.
+    if state.spool.state.maintenance() && results.iter().any(|r| r.status == "failed") {
+        return Ok(HttpResponse::InternalServerError().json(results));
+    }
     Ok(HttpResponse::Created().json(results))
 }
 

@@ -7,6 +7,7 @@
 //! the segments and the sidecar rows · COMMIT. Nothing is written for a duplicate.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use broker_actors::error::StoreError;
 use broker_actors::store::{SegmentOutcome, SegmentStore, SegmentWrite};
@@ -22,14 +23,24 @@ use crate::storage::{frames, partitions};
 pub struct PgStore {
     options: PgConnectOptions,
     conn: Option<PgConnection>,
+    connect_timeout: Duration,
+    commit_timeout: Duration,
 }
 
 impl PgStore {
-    /// A store that connects lazily with `options`.
-    pub fn new(options: PgConnectOptions) -> Self {
+    /// A store that connects lazily with `options`. A connect or a whole commit taking longer
+    /// than its timeout counts as PostgreSQL being unreachable (the items are then spooled; a
+    /// commit that did land is absorbed by dedup on replay).
+    pub fn new(
+        options: PgConnectOptions,
+        connect_timeout: Duration,
+        commit_timeout: Duration,
+    ) -> Self {
         Self {
             options,
             conn: None,
+            connect_timeout,
+            commit_timeout,
         }
     }
 }
@@ -37,18 +48,27 @@ impl PgStore {
 impl SegmentStore for PgStore {
     async fn commit(&mut self, batch: &[SegmentWrite]) -> Result<Vec<SegmentOutcome>, StoreError> {
         if self.conn.is_none() {
-            let conn = PgConnection::connect_with(&self.options)
-                .await
-                .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            let connect = PgConnection::connect_with(&self.options);
+            let conn = match tokio::time::timeout(self.connect_timeout, connect).await {
+                Ok(Ok(conn)) => conn,
+                Ok(Err(e)) => return Err(StoreError::Unavailable(e.to_string())),
+                Err(_) => return Err(StoreError::Unavailable("connect timed out".into())),
+            };
             self.conn = Some(conn);
         }
         let conn = self.conn.as_mut().expect("connected above");
-        match commit_batch(conn, batch).await {
-            Ok(outcomes) => Ok(outcomes),
-            Err(e) => {
+        match tokio::time::timeout(self.commit_timeout, commit_batch(conn, batch)).await {
+            Ok(Ok(outcomes)) => Ok(outcomes),
+            Ok(Err(e)) => {
                 // Whatever state the session is in, a fresh one is the safe next step.
                 self.conn = None;
                 Err(classify(e))
+            }
+            Err(_) => {
+                self.conn = None;
+                Err(StoreError::Unavailable(
+                    "commit timed out; its outcome is unknown".into(),
+                ))
             }
         }
     }

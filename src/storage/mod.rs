@@ -4,11 +4,13 @@
 //! - [`frames`]: how a segment's messages are encoded in its `frames` column.
 //! - [`dedup`]: the dedup sidecar (probe, originals, expiry sweep).
 //! - [`commit`]: the transaction that writes many partitions' segments at once.
+//! - [`system`]: flags shared by every broker (maintenance modes).
 
 pub mod commit;
 pub mod dedup;
 pub mod frames;
 pub mod partitions;
+pub mod system;
 
 use std::time::Duration;
 

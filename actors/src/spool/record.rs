@@ -1,0 +1,236 @@
+//! The spool's on-disk record format.
+//!
+//! ```text
+//! record := magic:u32le crc32:u32le len:u32le body[len]
+//! body   := queue:str16 partition:str16 message_id:[16] arrived_at_micros:i64le
+//!           transaction_id:str16 producer_sub:opt16 trace_id:opt16 payload_len:u32le payload
+//! str16  := len:u16le bytes            opt16 := len:u16le bytes | 0xFFFF (null)
+//! ```
+//! The checksum covers the body. A reader that meets a bad magic, a bad checksum or a record
+//! running past the end reports it and searches for the next magic, so a torn tail or a damaged
+//! record never becomes a message and never hides the good records after it.
+
+use uuid::Uuid;
+
+use crate::message::{Item, PartitionKey};
+
+/// Marks the start of every record ("QSP1").
+pub const MAGIC: u32 = 0x3150_5351;
+const HEADER: usize = 12;
+const NULL: u16 = u16::MAX;
+
+/// One spooled item with its partition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    /// The partition it goes to.
+    pub key: PartitionKey,
+    /// The item as accepted (id, key, payload, producerSub, arrival time).
+    pub item: Item,
+}
+
+/// Damage found while reading a spool file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Damage {
+    /// Byte offset where it starts.
+    pub at: usize,
+    /// Bytes skipped.
+    pub skipped: usize,
+    /// What was wrong.
+    pub reason: &'static str,
+}
+
+/// Appends one record to `out`.
+pub fn encode(key: &PartitionKey, item: &Item, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&MAGIC.to_le_bytes());
+    out.extend_from_slice(&[0; 8]); // checksum and length, filled in below
+    let body = out.len();
+    put_str(out, Some(&key.queue));
+    put_str(out, Some(&key.partition));
+    out.extend_from_slice(item.message_id.as_bytes());
+    out.extend_from_slice(&item.arrived_at_micros.to_le_bytes());
+    put_str(out, Some(&item.transaction_id));
+    put_str(out, item.producer_sub.as_deref());
+    put_str(out, item.trace_id.as_deref());
+    out.extend_from_slice(&(item.payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(item.payload.as_bytes());
+    let crc = crc32fast::hash(&out[body..]);
+    let len = (out.len() - body) as u32;
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    out[start + 8..start + 12].copy_from_slice(&len.to_le_bytes());
+}
+
+fn put_str(out: &mut Vec<u8>, value: Option<&str>) {
+    match value {
+        None => out.extend_from_slice(&NULL.to_le_bytes()),
+        Some(s) => {
+            // Names and keys are validated to ≤ 255 characters before they reach the spool.
+            let len = u16::try_from(s.len()).unwrap_or(NULL - 1);
+            out.extend_from_slice(&len.to_le_bytes());
+            out.extend_from_slice(&s.as_bytes()[..len as usize]);
+        }
+    }
+}
+
+/// Reads every intact record of a spool file, reporting damage instead of failing.
+pub fn decode_all(bytes: &[u8]) -> (Vec<Record>, Vec<Damage>) {
+    let mut records = Vec::new();
+    let mut damage: Vec<Damage> = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        match decode_one(&bytes[at..]) {
+            Ok((record, used)) => {
+                records.push(record);
+                at += used;
+            }
+            Err(reason) => {
+                let next = find_magic(bytes, at + 1).unwrap_or(bytes.len());
+                damage.push(Damage {
+                    at,
+                    skipped: next - at,
+                    reason,
+                });
+                at = next;
+            }
+        }
+    }
+    (records, damage)
+}
+
+fn find_magic(bytes: &[u8], from: usize) -> Option<usize> {
+    let magic = MAGIC.to_le_bytes();
+    (from..bytes.len().saturating_sub(3)).find(|&i| bytes[i..i + 4] == magic)
+}
+
+fn decode_one(bytes: &[u8]) -> Result<(Record, usize), &'static str> {
+    if bytes.len() < HEADER {
+        return Err("torn record header");
+    }
+    let word = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
+    if word(0) != MAGIC {
+        return Err("bad magic");
+    }
+    let (crc, len) = (word(4), word(8) as usize);
+    let body = bytes.get(HEADER..HEADER + len).ok_or("torn record body")?;
+    if crc32fast::hash(body) != crc {
+        return Err("checksum mismatch");
+    }
+    let mut r = Reader { bytes: body, at: 0 };
+    let queue = r.string()?.ok_or("null queue")?;
+    let partition = r.string()?.ok_or("null partition")?;
+    let message_id = Uuid::from_slice(r.take(16)?).map_err(|_| "bad message id")?;
+    let arrived_at_micros = i64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
+    let transaction_id = r.string()?.ok_or("null transaction id")?;
+    let producer_sub = r.string()?;
+    let trace_id = r.string()?;
+    let payload_len = u32::from_le_bytes(r.take(4)?.try_into().expect("4 bytes")) as usize;
+    let payload = std::str::from_utf8(r.take(payload_len)?).map_err(|_| "payload not utf-8")?;
+    if r.at != body.len() {
+        return Err("trailing bytes in record");
+    }
+    let record = Record {
+        key: PartitionKey::new(&queue, &partition),
+        item: Item {
+            message_id,
+            transaction_id,
+            payload: payload.into(),
+            producer_sub,
+            trace_id,
+            arrived_at_micros,
+        },
+    };
+    Ok((record, HEADER + len))
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], &'static str> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.bytes.len())
+            .ok_or("field past record end")?;
+        let out = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(out)
+    }
+
+    fn string(&mut self) -> Result<Option<String>, &'static str> {
+        let len = u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes"));
+        if len == NULL {
+            return Ok(None);
+        }
+        let raw = self.take(len as usize)?;
+        std::str::from_utf8(raw)
+            .map(|s| Some(s.to_string()))
+            .map_err(|_| "string not utf-8")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(n: u32) -> Record {
+        Record {
+            key: PartitionKey::new("q", "p"),
+            item: Item {
+                message_id: Uuid::now_v7(),
+                transaction_id: format!("t{n}"),
+                payload: format!(r#"{{"n":{n}}}"#).into(),
+                producer_sub: (n % 2 == 0).then(|| "alice".to_string()),
+                trace_id: None,
+                arrived_at_micros: 42,
+            },
+        }
+    }
+
+    fn file(records: &[Record]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for r in records {
+            encode(&r.key, &r.item, &mut out);
+        }
+        out
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let records: Vec<Record> = (0..5).map(record).collect();
+        let (read, damage) = decode_all(&file(&records));
+        assert_eq!(read, records);
+        assert!(damage.is_empty());
+    }
+
+    #[test]
+    fn a_torn_tail_is_reported_and_the_good_records_survive() {
+        let records: Vec<Record> = (0..3).map(record).collect();
+        let bytes = file(&records);
+        let (read, damage) = decode_all(&bytes[..bytes.len() - 5]);
+        assert_eq!(read, records[..2]);
+        assert_eq!(damage.len(), 1);
+        assert_eq!(damage[0].reason, "torn record body");
+    }
+
+    #[test]
+    fn a_corrupt_record_in_the_middle_does_not_hide_the_next_ones() {
+        let records: Vec<Record> = (0..3).map(record).collect();
+        let mut bytes = file(&records[..1]);
+        let second_at = bytes.len();
+        bytes.extend(file(&records[1..]));
+        bytes[second_at + 20] ^= 0xFF; // flip a body byte of the second record
+        let (read, damage) = decode_all(&bytes);
+        assert_eq!(read, vec![records[0].clone(), records[2].clone()]);
+        assert_eq!(damage[0].reason, "checksum mismatch");
+    }
+
+    #[test]
+    fn garbage_alone_yields_nothing() {
+        let (read, damage) = decode_all(b"not a spool file at all");
+        assert!(read.is_empty());
+        assert_eq!(damage.len(), 1);
+    }
+}

@@ -1,0 +1,234 @@
+//! `Replayer`: commits spooled records oldest-first once PostgreSQL answers.
+//!
+//! It works on sealed files only (the spool actor seals the active file on request). A batch of
+//! records is grouped per partition, keeping file order, and committed in ONE transaction
+//! through the same [`SegmentStore`] the committers use, with the original message ids and
+//! transactionIds (so dedup makes a second replay harmless). Only after the commit is confirmed
+//! does the file's watermark move (written to a temp file, fsynced, renamed); a fully replayed
+//! file is deleted. Replay pauses while maintenance mode is on.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+
+use crate::error::StoreError;
+use crate::message::{Item, PartitionKey};
+use crate::spool::record::{self, Record};
+use crate::spool::{done_path, read_watermark, Seal, SpoolActor, SpoolState};
+use crate::store::{SegmentStore, SegmentWrite};
+
+/// Records committed per replay transaction at most.
+pub const REPLAY_BATCH: usize = 2_000;
+
+struct Loaded {
+    path: PathBuf,
+    bytes: u64,
+    records: Vec<Record>,
+    done: usize,
+}
+
+/// Replays the spool; see the module docs.
+pub struct Replayer<S: SegmentStore> {
+    store: Option<S>,
+    spool: Addr<SpoolActor>,
+    state: Arc<SpoolState>,
+    current: Option<Loaded>,
+    every: Duration,
+    failures: u32,
+    next_try: Instant,
+}
+
+impl<S: SegmentStore> Replayer<S> {
+    /// A replayer committing through `store`, checking for work every `every`.
+    pub fn new(store: S, spool: Addr<SpoolActor>, state: Arc<SpoolState>, every: Duration) -> Self {
+        Self {
+            store: Some(store),
+            spool,
+            state,
+            current: None,
+            every,
+            failures: 0,
+            next_try: Instant::now(),
+        }
+    }
+
+    fn tick(&mut self, ctx: &mut Context<Self>) {
+        if self.state.maintenance() || self.state.records() == 0 || Instant::now() < self.next_try {
+            return;
+        }
+        let Some(store) = self.store.take() else {
+            return;
+        }; // a round is running
+        let current = self.current.take();
+        let spool = self.spool.clone();
+        let state = self.state.clone();
+        let round = replay_round(store, current, spool, state);
+        ctx.spawn(round.into_actor(self).map(|(store, current, outcome), act, ctx| {
+            act.store = Some(store);
+            act.current = current;
+            match outcome {
+                Round::Progress => {
+                    act.failures = 0;
+                    act.state.mark_db_up();
+                    act.tick(ctx); // keep draining without waiting for the timer
+                }
+                Round::Idle => act.failures = 0,
+                Round::Failed(e) => {
+                    if matches!(e, StoreError::Unavailable(_)) {
+                        act.state.mark_db_down();
+                    }
+                    act.failures = act.failures.saturating_add(1);
+                    let backoff = Duration::from_millis(200 * 2u64.pow(act.failures.min(5)));
+                    act.next_try = Instant::now() + backoff;
+                    tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "spool replay failed; will retry");
+                }
+            }
+        }));
+    }
+}
+
+enum Round {
+    Progress,
+    Idle,
+    Failed(StoreError),
+}
+
+/// Loads the next file (if needed) and commits one batch of it.
+async fn replay_round<S: SegmentStore>(
+    mut store: S,
+    current: Option<Loaded>,
+    spool: Addr<SpoolActor>,
+    state: Arc<SpoolState>,
+) -> (S, Option<Loaded>, Round) {
+    let mut loaded = match current {
+        Some(loaded) if loaded.done < loaded.records.len() => loaded,
+        _ => {
+            let files = spool.send(Seal).await.unwrap_or_default();
+            let Some(path) = files.into_iter().next() else {
+                return (store, None, Round::Idle);
+            };
+            match load(path.clone()).await {
+                Ok(loaded) => loaded,
+                Err(e) => {
+                    tracing::error!(file = %path.display(), error = %e, "cannot read spool file");
+                    return (store, None, Round::Failed(StoreError::Transaction(e)));
+                }
+            }
+        }
+    };
+    if loaded.done >= loaded.records.len() {
+        finish_file(&loaded, &state).await;
+        return (store, None, Round::Progress);
+    }
+    let end = (loaded.done + REPLAY_BATCH).min(loaded.records.len());
+    let batch = &loaded.records[loaded.done..end];
+    let writes = group(batch);
+    match store.commit(&writes).await {
+        Ok(_) => {
+            let path = loaded.path.clone();
+            let watermark = end as u64;
+            let saved =
+                tokio::task::spawn_blocking(move || write_watermark(&path, watermark)).await;
+            if let Ok(Err(e)) | Err(e) = saved.map_err(|e| std::io::Error::other(e.to_string())) {
+                // The commit stands; a crash now replays this batch again, which dedup absorbs.
+                tracing::error!(file = %loaded.path.display(), error = %e, "cannot save replay watermark");
+            }
+            for w in &writes {
+                state.release(&w.key, w.items.len() as u64);
+            }
+            state.replayed.fetch_add(
+                (end - loaded.done) as u64,
+                std::sync::atomic::Ordering::AcqRel,
+            );
+            loaded.done = end;
+            if loaded.done >= loaded.records.len() {
+                finish_file(&loaded, &state).await;
+                return (store, None, Round::Progress);
+            }
+            (store, Some(loaded), Round::Progress)
+        }
+        Err(e) => (store, Some(loaded), Round::Failed(e)),
+    }
+}
+
+/// Groups a batch into one segment per partition, keeping file order inside each.
+fn group(batch: &[Record]) -> Vec<SegmentWrite> {
+    let mut writes: Vec<SegmentWrite> = Vec::new();
+    let mut index: std::collections::HashMap<&PartitionKey, usize> =
+        std::collections::HashMap::new();
+    for r in batch {
+        let at = *index.entry(&r.key).or_insert_with(|| {
+            writes.push(SegmentWrite {
+                key: r.key.clone(),
+                partition_id: None,
+                items: Vec::new(),
+            });
+            writes.len() - 1
+        });
+        writes[at].items.push(Item::clone(&r.item));
+    }
+    writes
+}
+
+async fn load(path: PathBuf) -> Result<Loaded, String> {
+    tokio::task::spawn_blocking(move || {
+        let bytes = std::fs::read(&path).map_err(|e| e.to_string())?;
+        let (records, damage) = record::decode_all(&bytes);
+        for d in &damage {
+            tracing::error!(file = %path.display(), at = d.at, skipped = d.skipped, reason = d.reason,
+                "damaged spool data skipped (torn or corrupt record)");
+        }
+        let done = (read_watermark(&path) as usize).min(records.len());
+        Ok(Loaded { bytes: bytes.len() as u64, records, done, path })
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+fn write_watermark(file: &std::path::Path, done: u64) -> std::io::Result<()> {
+    use std::io::Write;
+    let target = done_path(file);
+    let mut tmp = target.clone().into_os_string();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&done.to_le_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, &target)?;
+    if let Some(dir) = file.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+async fn finish_file(loaded: &Loaded, state: &SpoolState) {
+    let path = loaded.path.clone();
+    let removed = tokio::task::spawn_blocking(move || {
+        std::fs::remove_file(&path)?;
+        let _ = std::fs::remove_file(done_path(&path));
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
+    match removed {
+        Ok(Ok(())) => {
+            state.sub_bytes(loaded.bytes);
+            tracing::info!(file = %loaded.path.display(), records = loaded.records.len(), "spool file replayed and removed");
+        }
+        Ok(Err(e)) => {
+            tracing::error!(file = %loaded.path.display(), error = %e, "cannot remove replayed spool file")
+        }
+        Err(e) => {
+            tracing::error!(file = %loaded.path.display(), error = %e, "cannot remove replayed spool file")
+        }
+    }
+}
+
+impl<S: SegmentStore> Actor for Replayer<S> {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.run_interval(self.every, |act, ctx| act.tick(ctx));
+    }
+}
