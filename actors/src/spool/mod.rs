@@ -339,9 +339,10 @@ impl SpoolActor {
                 }
             }
         });
-        ctx.spawn(async move { write.await }.into_actor(self).map(move |joined, act, ctx| {
+        ctx.spawn(write.into_actor(self).map(move |joined, act, ctx| {
             act.busy = false;
-            let (active, result) = joined.unwrap_or_else(|e| (None, Err(SpoolError::Write(e.to_string()))));
+            let (active, result) =
+                joined.unwrap_or_else(|e| (None, Err(SpoolError::Write(e.to_string()))));
             match &result {
                 Ok(bytes) => act.state.add_bytes(*bytes),
                 Err(e) => tracing::error!(error = %e, "spool append failed; items answered failed"),

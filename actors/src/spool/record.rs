@@ -182,7 +182,7 @@ mod tests {
                 message_id: Uuid::now_v7(),
                 transaction_id: format!("t{n}"),
                 payload: format!(r#"{{"n":{n}}}"#).into(),
-                producer_sub: (n % 2 == 0).then(|| "alice".to_string()),
+                producer_sub: n.is_multiple_of(2).then(|| "alice".to_string()),
                 trace_id: None,
                 arrived_at_micros: 42,
             },
