@@ -8,6 +8,8 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+pub mod proxy;
+
 use queen_broker::app::{self, Broker};
 use queen_broker::pg::PrivateCluster;
 use queen_broker::settings::Settings;
@@ -62,6 +64,19 @@ pub fn pg() -> &'static TestPg {
             .expect("watchdog starts");
         TestPg { admin_url: cluster.url("postgres"), cluster: Some(cluster), template }
     })
+}
+
+impl TestPg {
+    /// The TCP port of the server.
+    pub fn port(&self) -> u16 {
+        let after = self.admin_url.rsplit_once(':').expect("url has a port").1;
+        after
+            .split('/')
+            .next()
+            .unwrap()
+            .parse()
+            .expect("numeric port")
+    }
 }
 
 /// One test's database.
@@ -247,6 +262,8 @@ pub async fn spawn_app(db: &TestDb) -> TestApp {
 
 /// Starts a broker with explicit settings.
 pub async fn spawn_app_with(settings: Settings) -> TestApp {
+    // `RUST_LOG=queen_broker=debug,broker_actors=debug cargo test …` shows the broker's log.
+    let _ = env_logger::builder().is_test(true).try_init();
     let spool_dir = settings.file_buffer_dir.clone();
     let mut broker = app::start(settings).await.expect("broker starts");
     actix_web::rt::spawn(broker.server.take().expect("fresh broker has its server"));
@@ -323,6 +340,20 @@ impl TestApp {
     pub async fn push(&self, items: Value) -> Reply {
         self.post("/api/v1/push", &serde_json::json!({ "items": items }))
             .await
+    }
+
+    /// Waits (bounded) until the spool holds nothing left to replay.
+    pub async fn drained(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while self.broker.state.spool.state.records() > 0 {
+            assert!(std::time::Instant::now() < deadline, "spool did not drain");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Spool files in this broker's spool directory.
+    pub fn spool_files(&self) -> Vec<PathBuf> {
+        broker_actors::spool::list_files(&self.spool_dir).unwrap_or_default()
     }
 
     /// Stops the server and the actors (also done on drop).

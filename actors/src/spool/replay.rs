@@ -55,7 +55,9 @@ impl<S: SegmentStore> Replayer<S> {
     }
 
     fn tick(&mut self, ctx: &mut Context<Self>) {
-        if self.state.maintenance() || self.state.records() == 0 || Instant::now() < self.next_try {
+        // Back off after a failure, unless a committer has since reached PostgreSQL.
+        let backing_off = Instant::now() < self.next_try && self.state.db_down_for().is_some();
+        if self.state.maintenance() || self.state.records() == 0 || backing_off {
             return;
         }
         let Some(store) = self.store.take() else {
@@ -80,7 +82,7 @@ impl<S: SegmentStore> Replayer<S> {
                         act.state.mark_db_down();
                     }
                     act.failures = act.failures.saturating_add(1);
-                    let backoff = Duration::from_millis(200 * 2u64.pow(act.failures.min(5)));
+                    let backoff = Duration::from_millis(100 * 2u64.pow(act.failures.min(4)));
                     act.next_try = Instant::now() + backoff;
                     tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "spool replay failed; will retry");
                 }
