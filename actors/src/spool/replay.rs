@@ -37,6 +37,7 @@ pub struct Replayer<S: SegmentStore> {
     current: Option<Loaded>,
     every: Duration,
     failures: u32,
+    failed_unreachable: bool,
     next_try: Instant,
 }
 
@@ -50,13 +51,15 @@ impl<S: SegmentStore> Replayer<S> {
             current: None,
             every,
             failures: 0,
+            failed_unreachable: false,
             next_try: Instant::now(),
         }
     }
 
     fn tick(&mut self, ctx: &mut Context<Self>) {
         // Back off after a failure, unless a committer has since reached PostgreSQL.
-        let backing_off = Instant::now() < self.next_try && self.state.db_down_for().is_some();
+        let recovered = self.failed_unreachable && self.state.db_down_for().is_none();
+        let backing_off = Instant::now() < self.next_try && !recovered;
         if self.state.maintenance() || self.state.records() == 0 || backing_off {
             return;
         }
@@ -78,7 +81,8 @@ impl<S: SegmentStore> Replayer<S> {
                 }
                 Round::Idle => act.failures = 0,
                 Round::Failed(e) => {
-                    if matches!(e, StoreError::Unavailable(_)) {
+                    act.failed_unreachable = matches!(e, StoreError::Unavailable(_));
+                    if act.failed_unreachable {
                         act.state.mark_db_down();
                     }
                     act.failures = act.failures.saturating_add(1);
