@@ -172,6 +172,8 @@ impl PartitionActor {
             }
             Err(failure) => {
                 tracing::warn!(partition = %act.key, error = %failure.error, "segment commit failed");
+                // The partition may have been deleted and recreated: look its id up again.
+                act.partition_id = None;
                 match &act.spool {
                     Some(spool) if !failure.items.is_empty() => {
                         if matches!(failure.error, StoreError::Unavailable(_)) {
