@@ -24,6 +24,15 @@ pub enum KeyKind {
     Ed25519,
 }
 
+impl std::fmt::Display for KeyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KeyKind::Rsa => "RSA",
+            KeyKind::Ed25519 => "Ed25519",
+        })
+    }
+}
+
 /// One usable key of a set.
 #[derive(Clone)]
 struct Entry {
@@ -58,7 +67,7 @@ pub enum JwksError {
     #[error("Unknown key ID: {0}")]
     UnknownKid(String),
     /// The `kid` names a key of another type than the token's algorithm.
-    #[error("Key {kid} is not a {kind:?} key")]
+    #[error("Key {kid} is not an {kind} key")]
     WrongKind {
         /// The key id.
         kid: String,
@@ -66,7 +75,7 @@ pub enum JwksError {
         kind: KeyKind,
     },
     /// No `kid` in the token and no key of the needed kind in the set.
-    #[error("No {0:?} key in the JWKS")]
+    #[error("No {0} key in the JWKS")]
     NoKeyOfKind(KeyKind),
 }
 

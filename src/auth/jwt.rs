@@ -499,6 +499,21 @@ mod tests {
         assert_eq!(caller.sub, None);
     }
 
+    #[actix_web::test]
+    async fn claim_names_and_role_values_come_from_settings() {
+        let v = Verifier::new(&settings(&[
+            ("JWT_SECRET", "k"),
+            ("JWT_ROLES_CLAIM", "queue_role"),
+            ("JWT_ROLE_WRITE_ONLY", "producers"),
+        ]))
+        .unwrap();
+        let c = v
+            .verify(&hs(json!({"queue_role": "producers"}), "k"))
+            .await
+            .unwrap();
+        assert_eq!(c.roles.as_slice(), [Role::WriteOnly]);
+    }
+
     #[test]
     fn unusable_public_keys_stop_the_start_naming_the_variable() {
         for pem in [
