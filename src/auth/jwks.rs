@@ -405,6 +405,28 @@ mod tests {
         assert_eq!(hits.load(Ordering::SeqCst), 3);
     }
 
+    /// https works (rustls with ring, webpki roots): a server that does not speak TLS is a
+    /// failed fetch, not a panic over a missing crypto provider.
+    #[actix_web::test]
+    async fn an_https_url_is_fetched_over_tls() {
+        let body = Arc::new(Mutex::new(set(&[("a", "RSA")])));
+        let hits = Arc::new(AtomicUsize::new(0));
+        let url = serve(body, hits).await.replace("http://", "https://");
+        let reason = fetch(&url, Duration::from_secs(5)).await.err().unwrap();
+        // Without TLS support awc answers "SSL is not supported" before connecting.
+        assert!(!reason.to_lowercase().contains("not supported"), "{reason}");
+        let cache = JwksCache::new(
+            url,
+            Duration::from_secs(3600),
+            Duration::from_secs(5),
+            Duration::ZERO,
+        );
+        assert_eq!(
+            cache.key(None, KeyKind::Rsa).await.err(),
+            Some(JwksError::Unavailable)
+        );
+    }
+
     #[actix_web::test]
     async fn an_unreachable_set_is_unavailable() {
         // A port that was free a moment ago; nothing listens there.
