@@ -158,6 +158,23 @@ impl Verifier {
         let data = jsonwebtoken::decode::<Map<String, Value>>(token, &key, &validation)
             .map_err(|e| AuthError::invalid(describe(e.kind(), &header.alg, self.mode)))?;
         let claims = data.claims;
+        // jsonwebtoken skips a time claim it cannot read; a token must not outlive its `exp`
+        // by writing it as a string.
+        for name in ["exp", "nbf", "iat"] {
+            if claims.get(name).is_some_and(|v| !v.is_number()) {
+                return Err(AuthError::invalid(format!(
+                    "Token decode error: {name} is not a number"
+                )));
+            }
+        }
+        // Nor by making it negative, which jsonwebtoken cannot read either.
+        if claims
+            .get("exp")
+            .and_then(Value::as_f64)
+            .is_some_and(|exp| exp < 0.0)
+        {
+            return Err(AuthError::invalid("Token has expired"));
+        }
         if let Some(iat) = claims.get("iat").and_then(Value::as_f64) {
             let now = jsonwebtoken::get_current_timestamp() as f64;
             if iat > now + self.skew_secs as f64 {
@@ -408,6 +425,16 @@ mod tests {
             "Token issued in the future"
         );
         assert!(v.verify(&hs(json!({"iat": now() + 25}), "k")).await.is_ok());
+        assert_eq!(
+            error(&v, &hs(json!({"exp": -1}), "k")).await,
+            "Token has expired"
+        );
+        for name in ["exp", "nbf", "iat"] {
+            assert_eq!(
+                error(&v, &hs(json!({ name: (now() - 100_000).to_string() }), "k")).await,
+                format!("Token decode error: {name} is not a number")
+            );
+        }
         assert_eq!(
             error(&v, &hs(json!({}), "other")).await,
             "Invalid token signature"
