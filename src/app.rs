@@ -1,6 +1,7 @@
-//! Wiring: database (configured, or a private cluster) → migrations → committers and the
-//! partition registry → HTTP server. Shutdown runs the other way: the server stops accepting and
-//! answers what is in flight, then the actors' threads stop, then a private cluster stops.
+//! Wiring: auth key material → database (configured, or a private cluster) → migrations →
+//! committers and the partition registry → HTTP server (every route behind the auth gate).
+//! Shutdown runs the other way: the server stops accepting and answers what is in flight, then
+//! the actors' threads stop, then a private cluster stops.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use broker_actors::spool::replay::Replayer;
 use broker_actors::spool::{SpoolActor, SpoolError, SpoolHandle, SpoolState};
 use sqlx::PgPool;
 
+use crate::auth::{Gate, Gatekeeper};
 use crate::pg::{ClusterError, PrivateCluster};
 use crate::settings::Settings;
 use crate::storage::{self, commit::PgStore};
@@ -87,6 +89,9 @@ pub enum StartError {
     /// The private cluster could not be started.
     #[error("no database configured and none answers on localhost:5432; starting a private one failed: {0}")]
     PrivateCluster(#[from] ClusterError),
+    /// Auth is on without usable key material.
+    #[error("cannot enable authentication: {0}")]
+    Auth(#[from] crate::auth::ConfigError),
     /// The HTTP listener could not be opened.
     #[error("cannot listen on {addr}: {source} (check HOST and PORT)")]
     Bind {
@@ -197,6 +202,14 @@ async fn resolve_database(
 /// [`StartError`] when a dependency is unusable.
 pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     let settings = Arc::new(settings);
+    // Before anything else: a broker that cannot check tokens must not start.
+    let gatekeeper = Arc::new(Gatekeeper::new(&settings.jwt, crate::http::routes())?);
+    if gatekeeper.enabled() {
+        tracing::info!(
+            algorithm = settings.jwt.algorithm.name(),
+            "JWT authentication is on"
+        );
+    }
     // The spool first: a broker that cannot spool must not start taking pushes.
     let spool_state = Arc::new(SpoolState::default());
     let spool_actor = SpoolActor::open(&settings.file_buffer_dir, spool_state.clone())?;
@@ -289,6 +302,8 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     let server = HttpServer::new(move || {
         App::new()
             .app_data(data.clone())
+            // The gate runs inside the CORS headers, so its 401/403/404 answers carry them.
+            .wrap(Gate::new(gatekeeper.clone()))
             .wrap(crate::http::cors_headers())
             .configure(crate::http::configure)
     })

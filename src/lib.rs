@@ -3,6 +3,7 @@
 //! Map of the modules:
 //! - [`settings`]: environment variables (Queen's names) and `config/*.toml`.
 //! - [`app`]: wiring: database → migrations → actors → HTTP server; shutdown order.
+//! - [`auth`]: JWT verification, role sets and the gate that checks every route's capability.
 //! - [`http`]: the routes (`push`, `health`, ...), body limits and error mapping.
 //! - [`storage`]: every SQL statement; the commit transaction is `storage::commit`.
 //! - [`pg`]: a private PostgreSQL cluster from the local server binaries.
@@ -10,6 +11,7 @@
 //! The actors (partition, committer, registry) live in the `broker-actors` crate (`actors/`).
 
 pub mod app;
+pub mod auth;
 pub mod http;
 pub mod pg;
 pub mod settings;

@@ -79,6 +79,62 @@ pub const VARIABLES: &[(&str, &str)] = &[
         "QUEEN_CONFIG",
         "path of the TOML file (default config/queen.toml when present)",
     ),
+    (
+        "JWT_ENABLED",
+        "require a bearer JWT (true or false, default false)",
+    ),
+    (
+        "JWT_ALGORITHM",
+        "HS256, RS256, EdDSA or auto (default HS256)",
+    ),
+    (
+        "JWT_SECRET",
+        "HS256 shared secret (secret; redacted in logs)",
+    ),
+    (
+        "JWT_PUBLIC_KEY",
+        "RS256/EdDSA public key, PEM text (wins over JWT_JWKS_URL)",
+    ),
+    ("JWT_JWKS_URL", "RS256/EdDSA key set URL (http or https)"),
+    (
+        "JWT_JWKS_REFRESH_INTERVAL",
+        "seconds a fetched key set is used before refetching (default 3600)",
+    ),
+    (
+        "JWT_JWKS_TIMEOUT_MS",
+        "key set fetch timeout in ms (default 5000)",
+    ),
+    ("JWT_ISSUER", "required iss claim (default: not checked)"),
+    ("JWT_AUDIENCE", "required aud member (default: not checked)"),
+    (
+        "JWT_CLOCK_SKEW",
+        "leeway in seconds for exp, nbf and iat (default 30)",
+    ),
+    (
+        "JWT_SKIP_PATHS",
+        "paths served without a token (default /health,/metrics/prometheus,/metrics,/)",
+    ),
+    (
+        "JWT_ROLES_CLAIM",
+        "string claim holding one role (default role)",
+    ),
+    (
+        "JWT_ROLES_ARRAY_CLAIM",
+        "string-array claim holding roles (default roles)",
+    ),
+    ("JWT_ROLE_ADMIN", "role value of operators (default admin)"),
+    (
+        "JWT_ROLE_READ_WRITE",
+        "role value of producers and consumers (default read-write)",
+    ),
+    (
+        "JWT_ROLE_READ_ONLY",
+        "role value of read-only viewers (default read-only)",
+    ),
+    (
+        "JWT_ROLE_WRITE_ONLY",
+        "role value that may only push (default write-only)",
+    ),
 ];
 
 /// Where PostgreSQL is, as configured.
@@ -190,7 +246,106 @@ pub struct Settings {
     pub workers: usize,
     /// Log level.
     pub log_level: String,
+    /// Authentication (`JWT_*`).
+    pub jwt: JwtSettings,
 }
+
+/// Which signatures `JWT_ALGORITHM` accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JwtAlgorithm {
+    /// HMAC-SHA256 with `JWT_SECRET`.
+    Hs256,
+    /// RSA (RS256, also RS384/RS512 headers) with a PEM key or a JWKS.
+    Rs256,
+    /// Ed25519 with a PEM key or a JWKS.
+    EdDsa,
+    /// Chosen per token from its header: whatever key material is configured.
+    Auto,
+}
+
+impl JwtAlgorithm {
+    /// The name as written in `JWT_ALGORITHM`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Hs256 => "HS256",
+            Self::Rs256 => "RS256",
+            Self::EdDsa => "EdDSA",
+            Self::Auto => "auto",
+        }
+    }
+}
+
+/// The role values of `JWT_ROLE_*`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoleNames {
+    /// `JWT_ROLE_ADMIN`.
+    pub admin: String,
+    /// `JWT_ROLE_READ_WRITE`.
+    pub read_write: String,
+    /// `JWT_ROLE_READ_ONLY`.
+    pub read_only: String,
+    /// `JWT_ROLE_WRITE_ONLY`.
+    pub write_only: String,
+}
+
+/// Authentication settings (reference §10, §11). Key material is only checked for presence
+/// here; `auth::Gatekeeper::new` parses it.
+#[derive(Clone)]
+pub struct JwtSettings {
+    /// `JWT_ENABLED`.
+    pub enabled: bool,
+    /// `JWT_ALGORITHM`.
+    pub algorithm: JwtAlgorithm,
+    /// `JWT_SECRET`.
+    pub secret: Option<String>,
+    /// `JWT_PUBLIC_KEY` (PEM text).
+    pub public_key: Option<String>,
+    /// `JWT_JWKS_URL`.
+    pub jwks_url: Option<String>,
+    /// `JWT_JWKS_REFRESH_INTERVAL`.
+    pub jwks_refresh: Duration,
+    /// `JWT_JWKS_TIMEOUT_MS`.
+    pub jwks_timeout: Duration,
+    /// `JWT_ISSUER`.
+    pub issuer: Option<String>,
+    /// `JWT_AUDIENCE`.
+    pub audience: Option<String>,
+    /// `JWT_CLOCK_SKEW`, in seconds.
+    pub clock_skew_secs: u64,
+    /// `JWT_SKIP_PATHS`.
+    pub skip_paths: Vec<String>,
+    /// `JWT_ROLES_CLAIM`.
+    pub roles_claim: String,
+    /// `JWT_ROLES_ARRAY_CLAIM`.
+    pub roles_array_claim: String,
+    /// `JWT_ROLE_*`.
+    pub role_names: RoleNames,
+}
+
+impl fmt::Debug for JwtSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JwtSettings")
+            .field("enabled", &self.enabled)
+            .field("algorithm", &self.algorithm)
+            // Neither the value nor the word: logs are grepped for leaked secrets.
+            .field("hs256_key", &self.secret.as_ref().map(|_| "***"))
+            .field("public_key", &self.public_key.as_ref().map(|_| "<pem>"))
+            .field("jwks_url", &self.jwks_url)
+            .field("jwks_refresh", &self.jwks_refresh)
+            .field("jwks_timeout", &self.jwks_timeout)
+            .field("issuer", &self.issuer)
+            .field("audience", &self.audience)
+            .field("clock_skew_secs", &self.clock_skew_secs)
+            .field("skip_paths", &self.skip_paths)
+            .field("roles_claim", &self.roles_claim)
+            .field("roles_array_claim", &self.roles_array_claim)
+            .field("role_names", &self.role_names)
+            .finish()
+    }
+}
+
+/// The default of `JWT_SKIP_PATHS`.
+pub const DEFAULT_SKIP_PATHS: &str = "/health,/metrics/prometheus,/metrics,/";
 
 /// A setting that could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -349,8 +504,109 @@ impl Settings {
             ),
             workers: src.positive("NUM_WORKERS", cores as u64)? as usize,
             log_level,
+            jwt: jwt_settings(&src)?,
         })
     }
+}
+
+fn invalid(name: &str, value: &str, reason: &str) -> SettingsError {
+    SettingsError::Invalid {
+        name: name.to_string(),
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Reads the `JWT_*` variables and checks that enabled auth has key material for its algorithm.
+fn jwt_settings(src: &Source) -> Result<JwtSettings, SettingsError> {
+    // A security switch: anything but true/false stops the start rather than leaving auth off.
+    let enabled = match src.get("JWT_ENABLED").map(str::trim) {
+        None => false,
+        Some(v) if v.eq_ignore_ascii_case("true") => true,
+        Some(v) if v.eq_ignore_ascii_case("false") => false,
+        Some(v) => return Err(invalid("JWT_ENABLED", v, "expected true or false")),
+    };
+    let algorithm = match src.get("JWT_ALGORITHM").map(str::trim) {
+        None => JwtAlgorithm::Hs256,
+        Some(v) if v.eq_ignore_ascii_case("HS256") => JwtAlgorithm::Hs256,
+        Some(v) if v.eq_ignore_ascii_case("RS256") => JwtAlgorithm::Rs256,
+        Some(v) if v.eq_ignore_ascii_case("EdDSA") => JwtAlgorithm::EdDsa,
+        Some(v) if v.eq_ignore_ascii_case("auto") => JwtAlgorithm::Auto,
+        Some(v) => {
+            return Err(invalid(
+                "JWT_ALGORITHM",
+                v,
+                "expected HS256, RS256, EdDSA or auto",
+            ))
+        }
+    };
+    let text = |name: &str| src.get(name).map(str::to_string);
+    let named = |name: &str, default: &str| src.get(name).unwrap_or(default).trim().to_string();
+    let secret = text("JWT_SECRET");
+    let public_key = text("JWT_PUBLIC_KEY");
+    let jwks_url = text("JWT_JWKS_URL").map(|u| u.trim().to_string());
+    if let Some(url) = &jwks_url {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(invalid(
+                "JWT_JWKS_URL",
+                url,
+                "expected an http:// or https:// URL",
+            ));
+        }
+    }
+    if enabled {
+        let asymmetric = public_key.is_some() || jwks_url.is_some();
+        let missing = match algorithm {
+            JwtAlgorithm::Hs256 if secret.is_none() => Some("JWT_ALGORITHM=HS256 needs JWT_SECRET"),
+            JwtAlgorithm::Rs256 | JwtAlgorithm::EdDsa if !asymmetric => {
+                Some("this algorithm needs JWT_PUBLIC_KEY or JWT_JWKS_URL")
+            }
+            JwtAlgorithm::Auto if secret.is_none() && !asymmetric => {
+                Some("JWT_ALGORITHM=auto needs JWT_SECRET, JWT_PUBLIC_KEY or JWT_JWKS_URL")
+            }
+            _ => None,
+        };
+        if let Some(reason) = missing {
+            return Err(invalid(
+                "JWT_ENABLED",
+                "true",
+                &format!("no key material: {reason}"),
+            ));
+        }
+    }
+    let skip_paths = src
+        .get("JWT_SKIP_PATHS")
+        .unwrap_or(DEFAULT_SKIP_PATHS)
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+        .collect();
+    Ok(JwtSettings {
+        enabled,
+        algorithm,
+        secret,
+        public_key,
+        jwks_url,
+        jwks_refresh: Duration::from_secs(src.positive("JWT_JWKS_REFRESH_INTERVAL", 3600)?),
+        jwks_timeout: Duration::from_millis(src.positive("JWT_JWKS_TIMEOUT_MS", 5000)?),
+        issuer: text("JWT_ISSUER"),
+        audience: text("JWT_AUDIENCE"),
+        clock_skew_secs: src.parse(
+            "JWT_CLOCK_SKEW",
+            30u64,
+            "expected a number of seconds (0 or more)",
+        )?,
+        skip_paths,
+        roles_claim: named("JWT_ROLES_CLAIM", "role"),
+        roles_array_claim: named("JWT_ROLES_ARRAY_CLAIM", "roles"),
+        role_names: RoleNames {
+            admin: named("JWT_ROLE_ADMIN", "admin"),
+            read_write: named("JWT_ROLE_READ_WRITE", "read-write"),
+            read_only: named("JWT_ROLE_READ_ONLY", "read-only"),
+            write_only: named("JWT_ROLE_WRITE_ONLY", "write-only"),
+        },
+    })
 }
 
 /// Reads `KEY = value` pairs from a TOML file; keys may be written in lower case.
@@ -420,6 +676,86 @@ mod tests {
         assert!(s.database_configured);
         assert_eq!(s.database.url(), "postgres://u:secret@h:1/d");
         assert!(!format!("{s:?}").contains("secret"));
+    }
+
+    #[test]
+    fn auth_is_off_by_default_with_queens_defaults() {
+        let s = Settings::from_map(env(&[])).unwrap();
+        assert!(!s.jwt.enabled);
+        assert_eq!(s.jwt.algorithm, JwtAlgorithm::Hs256);
+        assert_eq!(s.jwt.clock_skew_secs, 30);
+        assert_eq!(
+            s.jwt.skip_paths,
+            ["/health", "/metrics/prometheus", "/metrics", "/"]
+        );
+        assert_eq!(s.jwt.roles_claim, "role");
+        assert_eq!(s.jwt.roles_array_claim, "roles");
+        assert_eq!(s.jwt.role_names.write_only, "write-only");
+        assert_eq!(s.jwt.jwks_refresh, Duration::from_secs(3600));
+        assert_eq!(s.jwt.jwks_timeout, Duration::from_millis(5000));
+    }
+
+    #[test]
+    fn enabled_auth_without_key_material_names_what_is_missing() {
+        let err = Settings::from_map(env(&[("JWT_ENABLED", "true")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("JWT_ENABLED") && err.contains("JWT_SECRET"),
+            "{err}"
+        );
+        for alg in ["RS256", "EdDSA"] {
+            let err = Settings::from_map(env(&[
+                ("JWT_ENABLED", "true"),
+                ("JWT_ALGORITHM", alg),
+                ("JWT_SECRET", "s"),
+            ]))
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("JWT_PUBLIC_KEY or JWT_JWKS_URL"), "{err}");
+        }
+        let err = Settings::from_map(env(&[("JWT_ENABLED", "true"), ("JWT_ALGORITHM", "auto")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("JWT_ALGORITHM=auto"), "{err}");
+        assert!(Settings::from_map(env(&[
+            ("JWT_ENABLED", "true"),
+            ("JWT_ALGORITHM", "auto"),
+            ("JWT_JWKS_URL", "http://127.0.0.1:1/jwks"),
+        ]))
+        .is_ok());
+    }
+
+    #[test]
+    fn jwt_values_that_do_not_parse_name_the_variable() {
+        for (name, value) in [
+            ("JWT_ENABLED", "yes"),
+            ("JWT_ALGORITHM", "none"),
+            ("JWT_ALGORITHM", "HS512"),
+            ("JWT_CLOCK_SKEW", "-1"),
+            ("JWT_JWKS_TIMEOUT_MS", "0"),
+            ("JWT_JWKS_REFRESH_INTERVAL", "soon"),
+            ("JWT_JWKS_URL", "ftp://keys"),
+        ] {
+            let err = Settings::from_map(env(&[(name, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(name), "{name}={value}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_jwt_secret_is_redacted() {
+        let s = Settings::from_map(env(&[
+            ("JWT_ENABLED", "TRUE"),
+            ("JWT_SECRET", "hunter2-secret"),
+            ("JWT_ALGORITHM", "eddsa"),
+            ("JWT_PUBLIC_KEY", "pem"),
+        ]))
+        .unwrap();
+        assert!(s.jwt.enabled);
+        assert_eq!(s.jwt.algorithm, JwtAlgorithm::EdDsa);
+        assert!(!format!("{s:?}").contains("hunter2"));
     }
 
     #[test]

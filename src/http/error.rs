@@ -4,6 +4,8 @@ use actix_web::http::{header, StatusCode};
 use actix_web::{HttpResponse, ResponseError};
 use broker_actors::PushError;
 
+use crate::auth::AuthError;
+
 /// A request that could not be served.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -28,6 +30,15 @@ pub enum ApiError {
     /// The write path failed.
     #[error(transparent)]
     Push(#[from] PushError),
+    /// No usable bearer token: missing, malformed, expired, badly signed (reference §10.3).
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// A valid token whose roles do not grant the route's capability.
+    #[error("Insufficient permissions")]
+    Forbidden,
+    /// Tokens cannot be checked: key set unreachable or key material missing for this algorithm.
+    #[error("{0}")]
+    AuthUnavailable(String),
     /// No route matches.
     #[error("no route for {method} {path}")]
     NoSuchRoute {
@@ -50,6 +61,9 @@ impl ResponseError for ApiError {
             Self::Push(PushError::CommitFailed(_) | PushError::ActorStopped) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
+            Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            Self::Forbidden => StatusCode::FORBIDDEN,
+            Self::AuthUnavailable(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::NoSuchRoute { .. } => StatusCode::NOT_FOUND,
         }
     }
@@ -69,6 +83,9 @@ impl ResponseError for ApiError {
         if let Some(secs) = retry_after {
             res.insert_header((header::RETRY_AFTER, secs.to_string()));
         }
+        if let Self::Unauthenticated(_) = self {
+            res.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
+        }
         let body = match self {
             Self::NoSuchRoute { .. } => {
                 serde_json::json!({ "error": self.to_string(), "code": "no_such_route" })
@@ -76,5 +93,15 @@ impl ResponseError for ApiError {
             _ => serde_json::json!({ "error": self.to_string() }),
         };
         res.json(body)
+    }
+}
+
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        match e {
+            AuthError::Unauthenticated(text) => Self::Unauthenticated(text),
+            AuthError::Forbidden => Self::Forbidden,
+            AuthError::Unavailable(text) => Self::AuthUnavailable(text),
+        }
     }
 }

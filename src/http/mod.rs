@@ -1,7 +1,9 @@
 //! The HTTP routes (Queen's wire protocol, `../shared/reference/queen-http-api.md`).
 //!
-//! [`ROUTES`] is the table of every route with its capability; [`configure`] registers exactly
-//! those, so a route cannot exist without an access decision.
+//! [`routes`] is the table of every route with its capability; [`configure`] registers exactly
+//! those, so a route cannot exist without an access decision. The auth gate
+//! (`crate::auth::Gate`) reads the same table for every request: a route added here is checked
+//! with no other change, and with auth on a path missing from the table is never served.
 
 pub mod body;
 pub mod error;
@@ -23,6 +25,8 @@ pub enum Capability {
     Produce,
     /// Pop, ack, renew leases.
     Consume,
+    /// Both at once (`POST /api/v1/transaction`: pushes and acks in one transaction).
+    ProduceAndConsume,
     /// Create and change queues and groups.
     Configure,
     /// Read-only views.

@@ -14,6 +14,7 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use crate::app::AppState;
+use crate::auth::Caller;
 use crate::http::body::read_body;
 use crate::http::error::ApiError;
 
@@ -280,10 +281,14 @@ pub async fn push_items(
 }
 
 /// `POST /api/v1/push`.
+///
+/// `producerSub` is the verified token's `sub` ([`Caller`], set by the auth gate), never a
+/// field of the body.
 pub async fn push(
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
+    caller: Caller,
 ) -> Result<HttpResponse, ApiError> {
     let bytes = read_body(&req, payload, state.settings.max_body_bytes).await?;
     let parsed = parse_push_body(&bytes)?;
@@ -300,7 +305,7 @@ pub async fn push(
         });
     };
     drop(bytes);
-    let items = mint(&parsed, None);
+    let items = mint(&parsed, caller.producer_sub());
     let results = push_items(&state, &parsed, items).await?;
     // The one push whose trouble shows in the status: maintenance mode with a failed spool write.
     if state.spool.state.maintenance() && results.iter().any(|r| r.status == "failed") {
