@@ -76,6 +76,9 @@ pub enum Original {
     Gone,
 }
 
+/// A probed (partition, offset) with the segment covering it, if any: base, count, frames.
+type CoveringSegment = (i64, i64, Option<i64>, Option<i32>, Option<Vec<u8>>);
+
 /// Reads the messages at these (partition, offset) pairs from their segments.
 ///
 /// # Errors
@@ -87,7 +90,7 @@ pub async fn originals(
 ) -> sqlx::Result<HashMap<(i64, i64), Original>> {
     let pids: Vec<i64> = at.iter().map(|a| a.0).collect();
     let offsets: Vec<i64> = at.iter().map(|a| a.1).collect();
-    let rows: Vec<(i64, i64, Option<i64>, Option<i32>, Option<Vec<u8>>)> = sqlx::query_as(
+    let rows: Vec<CoveringSegment> = sqlx::query_as(
         "SELECT x.partition_id, x.msg_offset, s.base_offset, s.msg_count, s.frames
            FROM unnest($1::int8[], $2::int8[]) AS x(partition_id, msg_offset)
            LEFT JOIN LATERAL (
