@@ -50,7 +50,11 @@ pub fn pg() -> &'static TestPg {
             stop = cluster.stop_command_line(),
             dir = dir.display()
         );
-        Command::new("sh")
+        #[expect(
+            clippy::zombie_processes,
+            reason = "the watchdog outlives this process on purpose; init reaps it"
+        )]
+        let _watchdog = Command::new("sh")
             .arg("-c")
             .arg(watchdog)
             .stdin(Stdio::null())
@@ -315,6 +319,42 @@ impl TestApp {
             body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
             headers: res.headers().clone(),
         }
+    }
+
+    /// DELETEs a path.
+    pub async fn delete(&self, path: &str) -> Reply {
+        let mut res = self
+            .client
+            .delete(format!("{}{path}", self.base))
+            .send()
+            .await
+            .expect("request sent");
+        let bytes = res.body().await.expect("body read");
+        Reply {
+            status: res.status().as_u16(),
+            body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            headers: res.headers().clone(),
+        }
+    }
+
+    /// GETs a path and returns the status and the body's exact text (for byte-exact checks
+    /// that a parsed `Value` would hide: key order, number spelling).
+    pub async fn get_text(&self, path: &str) -> (u16, String) {
+        let mut res = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .expect("request sent");
+        let bytes = res
+            .body()
+            .limit(256 * 1024 * 1024)
+            .await
+            .expect("body read");
+        (
+            res.status().as_u16(),
+            String::from_utf8(bytes.to_vec()).expect("utf-8 body"),
+        )
     }
 
     /// Pushes items; returns the reply.
