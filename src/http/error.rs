@@ -25,6 +25,12 @@ pub enum ApiError {
     /// The write path failed.
     #[error(transparent)]
     Push(#[from] PushError),
+    /// The named thing does not exist (`Queue not found`, `Message not found`).
+    #[error("{0}")]
+    NotFound(String),
+    /// A database statement failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
     /// No route matches.
     #[error("no route for {method} {path}")]
     NoSuchRoute {
@@ -46,7 +52,15 @@ impl ResponseError for ApiError {
             Self::Push(PushError::CommitFailed(_) | PushError::ActorStopped) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            Self::NoSuchRoute { .. } => StatusCode::NOT_FOUND,
+            Self::NoSuchRoute { .. } | Self::NotFound(_) => StatusCode::NOT_FOUND,
+            // Unreachable is retryable; anything else is ours.
+            Self::Database(
+                sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed,
+            ) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
