@@ -160,10 +160,16 @@ pub async fn list(
         })
         .map(MessageView::new)
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(HttpResponse::Ok().json(serde_json::json!({
-        "messages": views,
-        "mode": consumer_mode(),
-    })))
+    // A struct, not `json!`: a `Value` would re-encode the raw payloads.
+    #[derive(Serialize)]
+    struct ListReply<'a> {
+        messages: Vec<MessageView<'a>>,
+        mode: serde_json::Value,
+    }
+    Ok(HttpResponse::Ok().json(ListReply {
+        messages: views,
+        mode: consumer_mode(),
+    }))
 }
 
 /// One message with its queue's settings, as the detail route shows it.
