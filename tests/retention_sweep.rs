@@ -196,3 +196,34 @@ async fn completed_retention_removes_only_segments_every_group_consumed() {
     );
     assert_eq!(offsets(&db.stored("q", "Default").await), vec![2, 3, 4]);
 }
+
+#[actix_web::test]
+async fn a_sweep_in_small_batches_reaches_every_partition() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    configure(
+        &app,
+        "q",
+        json!({"retentionEnabled": true, "retentionSeconds": 3600}),
+    )
+    .await;
+    for partition in ["a", "b", "c"] {
+        for n in 0..3 {
+            let item = json!({"queue": "q", "partition": partition, "payload": n});
+            assert_eq!(app.push(json!([item])).await.status, 201);
+        }
+    }
+    db.exec("UPDATE queen.segments SET created_at = created_at - interval '2 hours'")
+        .await;
+    // Batches of 2 segments: statements stop mid-partition and resume there.
+    assert_eq!(
+        sweep(&app).await,
+        retention::Removed {
+            segments: 9,
+            messages: 9
+        }
+    );
+    for partition in ["a", "b", "c"] {
+        assert!(db.stored("q", partition).await.is_empty());
+    }
+}
