@@ -288,6 +288,12 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         settings.dedup_sweep_every,
     ));
 
+    actix_web::rt::spawn(storage::retention::sweep_loop(
+        pool.clone(),
+        settings.retention_every,
+        settings.retention_batch,
+    ));
+
     let state = web::Data::new(AppState {
         registry,
         pool,

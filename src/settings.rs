@@ -60,6 +60,14 @@ pub const VARIABLES: &[(&str, &str)] = &[
         "interval of the expired dedup-key sweep (default 60000)",
     ),
     (
+        "RETENTION_INTERVAL",
+        "interval of the retention sweep in ms (default 300000)",
+    ),
+    (
+        "RETENTION_BATCH_SIZE",
+        "segments one retention statement removes at most (default 1000)",
+    ),
+    (
         "QUEEN_PRIVATE_PG_DIR",
         "data folder of the private PostgreSQL (default .queen/postgres)",
     ),
@@ -236,6 +244,10 @@ pub struct Settings {
     pub partition_idle: Duration,
     /// Dedup sweep interval.
     pub dedup_sweep_every: Duration,
+    /// Retention sweep interval.
+    pub retention_every: Duration,
+    /// Segments one retention statement removes at most.
+    pub retention_batch: i64,
     /// Data folder of the private PostgreSQL.
     pub private_pg_dir: PathBuf,
     /// Where a local PostgreSQL is looked for before a private one is started.
@@ -491,6 +503,8 @@ impl Settings {
             partition_max_pending: src.positive("QUEEN_PARTITION_MAX_PENDING", 100_000)? as usize,
             partition_idle: Duration::from_millis(src.positive("QUEEN_PARTITION_IDLE_MS", 30_000)?),
             dedup_sweep_every: Duration::from_millis(src.positive("QUEEN_DEDUP_SWEEP_MS", 60_000)?),
+            retention_every: Duration::from_millis(src.positive("RETENTION_INTERVAL", 300_000)?),
+            retention_batch: src.positive("RETENTION_BATCH_SIZE", 1_000)? as i64,
             private_pg_dir: PathBuf::from(
                 src.get("QUEEN_PRIVATE_PG_DIR").unwrap_or(".queen/postgres"),
             ),

@@ -36,3 +36,16 @@ pub async fn read_body(
     }
     Ok(body.freeze())
 }
+
+/// Parses a whole body as one JSON value, with the protocol's texts for an empty body
+/// (`Empty request body`) and a broken one (`Invalid JSON: ...`).
+///
+/// # Errors
+///
+/// [`ApiError::BadRequest`] with one of those texts.
+pub fn parse_json(bytes: &[u8]) -> Result<serde_json::Value, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::BadRequest("Empty request body".into()));
+    }
+    serde_json::from_slice(bytes).map_err(|e| ApiError::BadRequest(format!("Invalid JSON: {e}")))
+}

@@ -39,6 +39,12 @@ pub enum ApiError {
     /// Tokens cannot be checked: key set unreachable or key material missing for this algorithm.
     #[error("{0}")]
     AuthUnavailable(String),
+    /// The named thing does not exist (`Queue not found`, `Message not found`).
+    #[error("{0}")]
+    NotFound(String),
+    /// A database statement failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
     /// No route matches.
     #[error("no route for {method} {path}")]
     NoSuchRoute {
@@ -64,7 +70,15 @@ impl ResponseError for ApiError {
             Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Self::Forbidden => StatusCode::FORBIDDEN,
             Self::AuthUnavailable(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::NoSuchRoute { .. } => StatusCode::NOT_FOUND,
+            Self::NoSuchRoute { .. } | Self::NotFound(_) => StatusCode::NOT_FOUND,
+            // Unreachable is retryable; anything else is ours.
+            Self::Database(
+                sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed,
+            ) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 

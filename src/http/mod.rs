@@ -6,10 +6,13 @@
 //! with no other change, and with auth on a path missing from the table is never served.
 
 pub mod body;
+pub mod configure;
 pub mod error;
 pub mod health;
 pub mod maintenance;
+pub mod messages;
 pub mod push;
+pub mod resources;
 
 use actix_web::http::{header, Method};
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -54,6 +57,51 @@ pub fn routes() -> Vec<Route> {
             capability: Capability::Produce,
         },
         Route {
+            method: Method::POST,
+            path: "/api/v1/configure",
+            capability: Capability::Configure,
+        },
+        Route {
+            method: Method::GET,
+            path: "/api/v1/resources/queues",
+            capability: Capability::Read,
+        },
+        Route {
+            method: Method::GET,
+            path: "/api/v1/resources/queues/{queue}",
+            capability: Capability::Read,
+        },
+        Route {
+            method: Method::DELETE,
+            path: "/api/v1/resources/queues/{queue}",
+            capability: Capability::Admin,
+        },
+        Route {
+            method: Method::GET,
+            path: "/api/v1/resources/namespaces",
+            capability: Capability::Read,
+        },
+        Route {
+            method: Method::GET,
+            path: "/api/v1/resources/tasks",
+            capability: Capability::Read,
+        },
+        Route {
+            method: Method::GET,
+            path: "/api/v1/resources/overview",
+            capability: Capability::Read,
+        },
+        Route {
+            method: Method::GET,
+            path: "/api/v1/messages",
+            capability: Capability::Read,
+        },
+        Route {
+            method: Method::GET,
+            path: "/api/v1/messages/{partitionId}/{transactionId}",
+            capability: Capability::Read,
+        },
+        Route {
             method: Method::GET,
             path: "/health",
             capability: Capability::Public,
@@ -96,6 +144,19 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     for route in routes() {
         let handler = match (route.method.as_str(), route.path) {
             ("POST", "/api/v1/push") => web::post().to(push::push),
+            ("POST", "/api/v1/configure") => web::post().to(configure::configure),
+            ("GET", "/api/v1/resources/queues") => web::get().to(resources::list_queues),
+            ("GET", "/api/v1/resources/queues/{queue}") => web::get().to(resources::queue_detail),
+            ("DELETE", "/api/v1/resources/queues/{queue}") => {
+                web::delete().to(resources::delete_queue)
+            }
+            ("GET", "/api/v1/resources/namespaces") => web::get().to(resources::namespaces),
+            ("GET", "/api/v1/resources/tasks") => web::get().to(resources::tasks),
+            ("GET", "/api/v1/resources/overview") => web::get().to(resources::overview),
+            ("GET", "/api/v1/messages") => web::get().to(messages::list),
+            ("GET", "/api/v1/messages/{partitionId}/{transactionId}") => {
+                web::get().to(messages::detail)
+            }
             ("GET", "/health") => web::get().to(health::health),
             ("GET", "/health/live") => web::get().to(health::live),
             ("GET", "/api/v1/system/maintenance") => web::get().to(maintenance::get),

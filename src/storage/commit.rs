@@ -90,19 +90,16 @@ struct Locked {
     window_secs: i32,
 }
 
-/// Commits `batch` in one transaction; see the module docs.
-///
-/// # Errors
-///
-/// Any database error; the transaction is then rolled back (or its outcome is unknown when the
-/// connection broke during COMMIT).
-pub async fn commit_batch(
+/// Every segment's partition id: the one its actor cached, or resolved (creating the partition)
+/// when there is none or the cached one is `stale`.
+async fn partition_ids(
     conn: &mut PgConnection,
     batch: &[SegmentWrite],
-) -> sqlx::Result<Vec<SegmentOutcome>> {
+    stale: &[&PartitionKey],
+) -> sqlx::Result<Vec<i64>> {
     let unresolved: Vec<&PartitionKey> = batch
         .iter()
-        .filter(|w| w.partition_id.is_none())
+        .filter(|w| w.partition_id.is_none() || stale.contains(&&w.key))
         .map(|w| &w.key)
         .collect();
     let resolved = if unresolved.is_empty() {
@@ -110,20 +107,27 @@ pub async fn commit_batch(
     } else {
         partitions::resolve_ids(conn, &unresolved).await?
     };
-    let mut ids = Vec::with_capacity(batch.len());
-    for write in batch {
-        let id = match write.partition_id {
-            Some(id) => id,
-            None => *resolved.get(&write.key).ok_or_else(|| {
-                sqlx::Error::Protocol(format!("partition {} could not be created", write.key))
-            })?,
-        };
-        ids.push(id);
-    }
+    batch
+        .iter()
+        .map(
+            |write| match (resolved.get(&write.key).copied(), write.partition_id) {
+                (Some(id), _) | (None, Some(id)) => Ok(id),
+                (None, None) => Err(sqlx::Error::Protocol(format!(
+                    "partition {} could not be created",
+                    write.key
+                ))),
+            },
+        )
+        .collect()
+}
 
-    let mut tx = conn.begin().await?;
-
-    let mut lock_ids = ids.clone();
+/// Locks these partitions' rows in ascending id order (so two brokers never deadlock); a
+/// deleted partition is simply missing from the answer.
+async fn lock_partitions(
+    conn: &mut PgConnection,
+    ids: &[i64],
+) -> sqlx::Result<HashMap<i64, Locked>> {
+    let mut lock_ids = ids.to_vec();
     lock_ids.sort_unstable();
     lock_ids.dedup();
     let rows: Vec<(i64, i64, i32)> = sqlx::query_as(
@@ -135,9 +139,9 @@ pub async fn commit_batch(
             FOR UPDATE OF p",
     )
     .bind(&lock_ids)
-    .fetch_all(&mut *tx)
+    .fetch_all(conn)
     .await?;
-    let mut locked: HashMap<i64, Locked> = rows
+    Ok(rows
         .into_iter()
         .map(|(id, next_offset, window_secs)| {
             (
@@ -148,12 +152,42 @@ pub async fn commit_batch(
                 },
             )
         })
-        .collect();
-    if locked.len() != lock_ids.len() {
-        return Err(sqlx::Error::Protocol(
-            "a partition was deleted while being written".into(),
-        ));
-    }
+        .collect())
+}
+
+/// Commits `batch` in one transaction; see the module docs.
+///
+/// # Errors
+///
+/// Any database error; the transaction is then rolled back (or its outcome is unknown when the
+/// connection broke during COMMIT).
+pub async fn commit_batch(
+    conn: &mut PgConnection,
+    batch: &[SegmentWrite],
+) -> sqlx::Result<Vec<SegmentOutcome>> {
+    // An id an actor cached may belong to a partition deleted since (its queue was deleted
+    // through the admin route): such keys are resolved again, which recreates the partition.
+    let mut stale: Vec<&PartitionKey> = Vec::new();
+    let (mut tx, ids, mut locked) = loop {
+        let ids = partition_ids(conn, batch, &stale).await?;
+        let mut tx = conn.begin().await?;
+        let locked = lock_partitions(&mut tx, &ids).await?;
+        if ids.iter().all(|id| locked.contains_key(id)) {
+            break (tx, ids, locked);
+        }
+        if !stale.is_empty() {
+            return Err(sqlx::Error::Protocol(
+                "a partition was deleted while being written".into(),
+            ));
+        }
+        tx.rollback().await?;
+        stale = batch
+            .iter()
+            .zip(&ids)
+            .filter(|(_, id)| !locked.contains_key(id))
+            .map(|(w, _)| &w.key)
+            .collect();
+    };
 
     // Probe every key of every dedup-enabled partition in one statement.
     let hashes: Vec<Vec<i64>> = batch

@@ -5,11 +5,19 @@
 //! - [`dedup`]: the dedup sidecar (probe, originals, expiry sweep).
 //! - [`commit`]: the transaction that writes many partitions' segments at once.
 //! - [`system`]: flags shared by every broker (maintenance modes).
+//! - [`queues`]: queue options (`/configure`), listing and deleting queues.
+//! - [`retention`]: removing whole segments by age.
+//! - [`resources`]: per-partition facts and message counts for the resource routes.
+//! - [`messages`]: reading messages back for operators.
 
 pub mod commit;
 pub mod dedup;
 pub mod frames;
+pub mod messages;
 pub mod partitions;
+pub mod queues;
+pub mod resources;
+pub mod retention;
 pub mod system;
 
 use std::time::Duration;

@@ -52,8 +52,10 @@ pub fn pg() -> &'static TestPg {
             stop = cluster.stop_command_line(),
             dir = dir.display()
         );
-        // Deliberately not waited for: it must outlive this process.
-        #[allow(clippy::zombie_processes)]
+        #[expect(
+            clippy::zombie_processes,
+            reason = "the watchdog outlives this process on purpose; init reaps it"
+        )]
         let _watchdog = Command::new("sh")
             .arg("-c")
             .arg(watchdog)
@@ -316,11 +318,15 @@ impl TestApp {
         }
     }
 
-    /// GETs a path.
-    pub async fn get(&self, path: &str) -> Reply {
+    /// Sends a request without a body; returns the status, the raw body and the headers.
+    async fn bodyless(
+        &self,
+        method: awc::http::Method,
+        path: &str,
+    ) -> (u16, bytes::Bytes, awc::http::header::HeaderMap) {
         let mut res = self
             .client
-            .get(format!("{}{path}", self.base))
+            .request(method, format!("{}{path}", self.base))
             .send()
             .await
             .expect("request sent");
@@ -329,11 +335,37 @@ impl TestApp {
             .limit(256 * 1024 * 1024)
             .await
             .expect("body read");
+        (res.status().as_u16(), bytes, res.headers().clone())
+    }
+
+    /// GETs a path.
+    pub async fn get(&self, path: &str) -> Reply {
+        let (status, bytes, headers) = self.bodyless(awc::http::Method::GET, path).await;
         Reply {
-            status: res.status().as_u16(),
+            status,
             body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-            headers: res.headers().clone(),
+            headers,
         }
+    }
+
+    /// DELETEs a path.
+    pub async fn delete(&self, path: &str) -> Reply {
+        let (status, bytes, headers) = self.bodyless(awc::http::Method::DELETE, path).await;
+        Reply {
+            status,
+            body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            headers,
+        }
+    }
+
+    /// GETs a path and returns the status and the body's exact text (for byte-exact checks
+    /// that a parsed `Value` would hide: key order, number spelling).
+    pub async fn get_text(&self, path: &str) -> (u16, String) {
+        let (status, bytes, _) = self.bodyless(awc::http::Method::GET, path).await;
+        (
+            status,
+            String::from_utf8(bytes.to_vec()).expect("utf-8 body"),
+        )
     }
 
     /// Pushes items; returns the reply.

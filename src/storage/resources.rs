@@ -1,0 +1,131 @@
+//! What the resource routes show about queues and partitions: per-partition facts read with
+//! primary-key probes (first and last segment), and the message counts derived from them.
+//!
+//! Counts by consumer state (pending, processing, completed, ...) need the consumer cursors
+//! that `migrations/0002_consumers` adds; [`message_counts`] is the one place to extend.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+/// One partition and what its segments say.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct PartitionRow {
+    /// Internal id.
+    pub id: i64,
+    /// Public id (`partitionId` on the wire).
+    pub uuid: Uuid,
+    /// Its queue's internal id.
+    pub queue_id: i64,
+    /// Name.
+    pub name: String,
+    /// Creation time.
+    pub created_at: DateTime<Utc>,
+    /// The next offset to hand out: every message ever stored has an offset below it.
+    pub next_offset: i64,
+    /// Base offset of the oldest segment still stored (none when empty).
+    pub first_offset: Option<i64>,
+    /// When the oldest stored segment was written.
+    pub oldest_at: Option<DateTime<Utc>>,
+    /// When the newest stored segment was written.
+    pub newest_at: Option<DateTime<Utc>>,
+}
+
+impl PartitionRow {
+    /// Messages stored now. Retention removes a prefix of whole segments (`storage::retention`),
+    /// so the stored ones are exactly the offsets `first_offset .. next_offset`.
+    pub fn stored(&self) -> i64 {
+        self.first_offset
+            .map_or(0, |first| self.next_offset - first)
+    }
+}
+
+/// Partitions with their segment facts: of one queue, or of every queue.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn partitions(
+    conn: &mut PgConnection,
+    queue_id: Option<i64>,
+) -> sqlx::Result<Vec<PartitionRow>> {
+    sqlx::query_as(
+        "SELECT p.id, p.uuid, p.queue_id, p.name, p.created_at, p.next_offset,
+                f.base_offset AS first_offset, f.created_at AS oldest_at, l.created_at AS newest_at
+           FROM queen.partitions p
+           LEFT JOIN LATERAL (
+                SELECT base_offset, created_at FROM queen.segments
+                 WHERE partition_id = p.id ORDER BY base_offset LIMIT 1
+           ) f ON TRUE
+           LEFT JOIN LATERAL (
+                SELECT created_at FROM queen.segments
+                 WHERE partition_id = p.id ORDER BY base_offset DESC LIMIT 1
+           ) l ON TRUE
+          WHERE $1::int8 IS NULL OR p.queue_id = $1
+          ORDER BY p.queue_id, p.name",
+    )
+    .bind(queue_id)
+    .fetch_all(conn)
+    .await
+}
+
+/// Message counts of a partition (or a sum of them), with the wire's names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageCounts {
+    /// Stored messages.
+    pub total: i64,
+    /// Not yet consumed.
+    pub pending: i64,
+    /// Under a live lease.
+    pub processing: i64,
+    /// Consumed.
+    pub completed: i64,
+    /// Failed and waiting for a retry.
+    pub failed: i64,
+    /// Dead-lettered.
+    pub dead_letter: i64,
+}
+
+impl std::ops::AddAssign for MessageCounts {
+    fn add_assign(&mut self, o: Self) {
+        self.total += o.total;
+        self.pending += o.pending;
+        self.processing += o.processing;
+        self.completed += o.completed;
+        self.failed += o.failed;
+        self.dead_letter += o.dead_letter;
+    }
+}
+
+/// The counts of one partition.
+///
+/// Extend here once consumer cursors exist (`migrations/0002_consumers`, another branch):
+/// completed = stored offsets below the queue-mode cursor, processing = the live lease's range,
+/// dead_letter from the dead-letter table; pending = total - processing - completed. Until
+/// then nothing can have been consumed, so every stored message is pending.
+pub fn message_counts(p: &PartitionRow) -> MessageCounts {
+    let total = p.stored();
+    MessageCounts {
+        total,
+        pending: total,
+        ..MessageCounts::default()
+    }
+}
+
+/// Messages stored per second over the last minute, from the segments written in it.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn ingested_per_second(conn: &mut PgConnection) -> sqlx::Result<f64> {
+    let last_minute: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(sum(msg_count), 0)::int8
+           FROM queen.segments
+          WHERE created_at > now() - interval '60 seconds'",
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(last_minute as f64 / 60.0)
+}
