@@ -13,9 +13,11 @@ use broker_actors::partition::PartitionLimits;
 use broker_actors::registry::Registry;
 use sqlx::PgPool;
 
+use crate::http::pop::PopPause;
 use crate::pg::{ClusterError, PrivateCluster};
 use crate::settings::Settings;
 use crate::storage::{self, commit::PgStore};
+use crate::wake::{self, WakeHub};
 
 /// Request bytes currently held by the write path.
 #[derive(Default)]
@@ -36,6 +38,12 @@ pub struct AppState {
     pub inflight: Arc<Inflight>,
     /// Committers' backlog.
     pub committers: CommitterPool,
+    /// Waiting pops, woken by pushes (here and, via LISTEN, on other brokers).
+    pub wake: Arc<WakeHub>,
+    /// This broker's id, recorded as the owner of the leases it hands out.
+    pub broker_id: String,
+    /// The cached pop-maintenance flag.
+    pub pop_pause: PopPause,
 }
 
 /// Why the broker could not start.
@@ -77,12 +85,14 @@ pub struct Broker {
     /// Shared state, for tests and background tasks.
     pub state: web::Data<AppState>,
     arbiters: Vec<Arbiter>,
+    listener: wake::ListenerHandle,
     private_cluster: Option<PrivateCluster>,
 }
 
 impl Broker {
     /// Stops the actor threads and a private cluster; call after the server has stopped.
     pub fn shutdown(&self) {
+        self.listener.stop();
         for arbiter in &self.arbiters {
             arbiter.stop();
         }
@@ -198,12 +208,18 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         settings.dedup_sweep_every,
     ));
 
+    let hub = WakeHub::new();
+    let listener = wake::spawn_listener(options.clone(), hub.clone());
+
     let state = web::Data::new(AppState {
         registry,
         pool,
         settings: settings.clone(),
         inflight: Arc::new(Inflight::default()),
         committers,
+        wake: hub,
+        broker_id: format!("broker-{}", uuid::Uuid::new_v4().simple()),
+        pop_pause: PopPause::default(),
     });
     let data = state.clone();
     let addr = format!("{}:{}", settings.host, settings.port);
@@ -228,6 +244,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         server: Some(server),
         state,
         arbiters: vec![committer_arbiter, partition_arbiter],
+        listener,
         private_cluster,
     })
 }

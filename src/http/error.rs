@@ -25,6 +25,12 @@ pub enum ApiError {
     /// The write path failed.
     #[error(transparent)]
     Push(#[from] PushError),
+    /// PostgreSQL failed or is away (503 when away, so clients retry; 500 otherwise).
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// PostgreSQL did not answer in time.
+    #[error("database did not answer within {0:?}")]
+    DatabaseTimeout(std::time::Duration),
     /// No route matches.
     #[error("no route for {method} {path}")]
     NoSuchRoute {
@@ -46,6 +52,9 @@ impl ResponseError for ApiError {
             Self::Push(PushError::CommitFailed(_) | PushError::ActorStopped) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
+            Self::Database(e) if database_away(e) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::DatabaseTimeout(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::NoSuchRoute { .. } => StatusCode::NOT_FOUND,
         }
     }
@@ -60,6 +69,7 @@ impl ResponseError for ApiError {
             Self::Overloaded { retry_after_secs } => Some(*retry_after_secs),
             Self::Push(PushError::Overloaded(d)) => Some(d.as_secs().max(1)),
             Self::Push(_) => Some(1),
+            Self::Database(_) | Self::DatabaseTimeout(_) if status.is_server_error() => Some(1),
             _ => None,
         };
         if let Some(secs) = retry_after {
@@ -72,5 +82,22 @@ impl ResponseError for ApiError {
             _ => serde_json::json!({ "error": self.to_string() }),
         };
         res.json(body)
+    }
+}
+
+/// Whether a database error means "PostgreSQL is unreachable or going away" (retryable) rather
+/// than "this statement failed".
+fn database_away(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        // Class 08: connection exception; class 57: operator intervention (shutdown, ...).
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57")),
+        _ => false,
     }
 }

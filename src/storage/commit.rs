@@ -3,8 +3,13 @@
 //! Top to bottom: resolve new partitions' ids (own statements, before the transaction) · BEGIN ·
 //! lock the partition rows in id order (so two brokers never deadlock) · probe the dedup sidecar
 //! (a separate statement *after* the lock, so it sees every key committed by the writer we
-//! waited for) · decide each item's verdict · one statement that moves `next_offset`, inserts
-//! the segments and the sidecar rows · COMMIT. Nothing is written for a duplicate.
+//! waited for) · decide each item's verdict · one statement that moves `next_offset` (and the
+//! write marker `last_write_xid` the queue-level pop scans by), inserts the segments and the
+//! sidecar rows, and queues one `NOTIFY queen_push` naming the written partitions (delivered at
+//! COMMIT, so other brokers wake their long-polls) · COMMIT. Nothing is written for a duplicate.
+//!
+//! [`write_segments`] is the part between BEGIN and COMMIT, so `POST /api/v1/transaction` runs
+//! the same statements inside its own transaction.
 
 use std::collections::HashMap;
 
@@ -80,6 +85,24 @@ pub async fn commit_batch(
     conn: &mut PgConnection,
     batch: &[SegmentWrite],
 ) -> sqlx::Result<Vec<SegmentOutcome>> {
+    let ids = resolve_partition_ids(conn, batch).await?;
+    let mut tx = conn.begin().await?;
+    let outcomes = write_segments(&mut tx, batch, &ids).await?;
+    tx.commit().await?;
+    Ok(outcomes)
+}
+
+/// The database id of each write's partition (same order as `batch`), creating queues and
+/// partitions that do not exist yet. Runs outside the commit transaction: a partition created
+/// for a write that then rolls back simply stays empty.
+///
+/// # Errors
+///
+/// Any database error, or a partition that could not be created.
+pub async fn resolve_partition_ids(
+    conn: &mut PgConnection,
+    batch: &[SegmentWrite],
+) -> sqlx::Result<Vec<i64>> {
     let unresolved: Vec<&PartitionKey> = batch
         .iter()
         .filter(|w| w.partition_id.is_none())
@@ -90,20 +113,30 @@ pub async fn commit_batch(
     } else {
         partitions::resolve_ids(conn, &unresolved).await?
     };
-    let mut ids = Vec::with_capacity(batch.len());
-    for write in batch {
-        let id = match write.partition_id {
-            Some(id) => id,
-            None => *resolved.get(&write.key).ok_or_else(|| {
+    batch
+        .iter()
+        .map(|write| match write.partition_id {
+            Some(id) => Ok(id),
+            None => resolved.get(&write.key).copied().ok_or_else(|| {
                 sqlx::Error::Protocol(format!("partition {} could not be created", write.key))
-            })?,
-        };
-        ids.push(id);
-    }
+            }),
+        })
+        .collect()
+}
 
-    let mut tx = conn.begin().await?;
-
-    let mut lock_ids = ids.clone();
+/// Writes the segments of `batch` (partition ids from [`resolve_partition_ids`]) inside the
+/// caller's open transaction `tx`: lock, dedup probe, verdicts, offsets, segment and sidecar
+/// rows, write marker and NOTIFY. The caller commits or rolls back.
+///
+/// # Errors
+///
+/// Any database error; the caller's transaction is then unusable and must be rolled back.
+pub async fn write_segments(
+    tx: &mut PgConnection,
+    batch: &[SegmentWrite],
+    ids: &[i64],
+) -> sqlx::Result<Vec<SegmentOutcome>> {
+    let mut lock_ids = ids.to_vec();
     lock_ids.sort_unstable();
     lock_ids.dedup();
     let rows: Vec<(i64, i64, i32)> = sqlx::query_as(
@@ -138,7 +171,7 @@ pub async fn commit_batch(
     // Probe every key of every dedup-enabled partition in one statement.
     let hashes: Vec<Vec<i64>> = batch
         .iter()
-        .zip(&ids)
+        .zip(ids)
         .map(|(write, id)| {
             if locked[id].window_secs > 0 {
                 write
@@ -160,7 +193,7 @@ pub async fn commit_batch(
             window_secs,
         }));
     }
-    let hits = dedup::probe(&mut tx, &probes).await?;
+    let hits = dedup::probe(&mut *tx, &probes).await?;
     let originals = if hits.is_empty() {
         HashMap::new()
     } else {
@@ -168,7 +201,7 @@ pub async fn commit_batch(
             .iter()
             .flat_map(|((pid, _), offs)| offs.iter().map(|o| (*pid, *o)))
             .collect();
-        dedup::originals(&mut tx, &at).await?
+        dedup::originals(&mut *tx, &at).await?
     };
 
     // Decide verdicts and allocate offsets, segment by segment.
@@ -182,7 +215,8 @@ pub async fn commit_batch(
     let mut key_pids = Vec::new();
     let mut key_hashes = Vec::new();
     let mut key_offsets = Vec::new();
-    for ((write, &pid), seg_hashes) in batch.iter().zip(&ids).zip(&hashes) {
+    let mut written: Vec<&PartitionKey> = Vec::new();
+    for ((write, &pid), seg_hashes) in batch.iter().zip(ids).zip(&hashes) {
         let lock = locked.get_mut(&pid).expect("every id was locked");
         let dedup_on = lock.window_secs > 0;
         let mut verdicts = Vec::with_capacity(write.items.len());
@@ -217,6 +251,7 @@ pub async fn commit_batch(
             lock.next_offset += accepted.len() as i64;
             upd_ids.push(pid);
             upd_next.push(lock.next_offset);
+            written.push(&write.key);
         }
         outcomes.push(SegmentOutcome {
             partition_id: pid,
@@ -225,12 +260,17 @@ pub async fn commit_batch(
     }
 
     if !seg_pids.is_empty() {
+        // The notification rides in the same statement (no extra round trip); joining it into
+        // the UPDATE makes PostgreSQL evaluate it exactly once.
         sqlx::query(
-            "WITH moved AS (
+            "WITH notified AS (
+                 SELECT pg_notify('queen_push', $10)
+             ), moved AS (
                  UPDATE queen.partitions p
                     SET next_offset = x.next_offset,
-                        last_write_at = now()
-                   FROM unnest($1::int8[], $2::int8[]) AS x(id, next_offset)
+                        last_write_at = now(),
+                        last_write_xid = pg_current_xact_id()::text::int8
+                   FROM unnest($1::int8[], $2::int8[]) AS x(id, next_offset), notified
                   WHERE p.id = x.id
              ), segments AS (
                  INSERT INTO queen.segments (partition_id, base_offset, msg_count, frames)
@@ -248,10 +288,10 @@ pub async fn commit_batch(
         .bind(&key_pids)
         .bind(&key_hashes)
         .bind(&key_offsets)
+        .bind(crate::wake::notify_payload(&written))
         .execute(&mut *tx)
         .await?;
     }
-    tx.commit().await?;
     Ok(outcomes)
 }
 

@@ -87,7 +87,8 @@ pub async fn originals(
 ) -> sqlx::Result<HashMap<(i64, i64), Original>> {
     let pids: Vec<i64> = at.iter().map(|a| a.0).collect();
     let offsets: Vec<i64> = at.iter().map(|a| a.1).collect();
-    let rows: Vec<(i64, i64, Option<i64>, Option<i32>, Option<Vec<u8>>)> = sqlx::query_as(
+    type Row = (i64, i64, Option<i64>, Option<i32>, Option<Vec<u8>>);
+    let rows: Vec<Row> = sqlx::query_as(
         "SELECT x.partition_id, x.msg_offset, s.base_offset, s.msg_count, s.frames
            FROM unnest($1::int8[], $2::int8[]) AS x(partition_id, msg_offset)
            LEFT JOIN LATERAL (

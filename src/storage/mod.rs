@@ -4,10 +4,20 @@
 //! - [`frames`]: how a segment's messages are encoded in its `frames` column.
 //! - [`dedup`]: the dedup sidecar (probe, originals, expiry sweep).
 //! - [`commit`]: the transaction that writes many partitions' segments at once.
+//! - [`consume`]: the pop (find, claim under a lease, read by offset range).
+//! - [`leases`]: extending leases, checking that leases are live.
+//! - [`acks`]: acks as offset commits, retries, dead-lettering.
+//! - [`dlq`]: the dead-letter table.
+//! - [`groups`]: consumer groups (listing, lag, deletion, subscription, seeks).
 
+pub mod acks;
 pub mod commit;
+pub mod consume;
 pub mod dedup;
+pub mod dlq;
 pub mod frames;
+pub mod groups;
+pub mod leases;
 pub mod partitions;
 
 use std::time::Duration;

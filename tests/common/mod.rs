@@ -50,6 +50,7 @@ pub fn pg() -> &'static TestPg {
             stop = cluster.stop_command_line(),
             dir = dir.display()
         );
+        #[expect(clippy::zombie_processes, reason = "the watchdog outlives this process on purpose")]
         Command::new("sh")
             .arg("-c")
             .arg(watchdog)
