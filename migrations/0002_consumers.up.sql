@@ -27,11 +27,11 @@ CREATE TABLE queen.consumer_subscriptions (
 CREATE INDEX consumer_subscriptions_queue ON queen.consumer_subscriptions (queue_id);
 
 -- One row per (partition, group) the group has touched. Offsets below `committed_offset` are
--- consumed. The lease is live while `lease_expires_at` > now(); `lease_id`, `leased_from` and
--- `leased_to` (exclusive) describe the last lease and stay after it ends, so an ack can find
--- its message inside that range. `attention_at`: when the queue-level pop must look at this row
--- again (a lease's expiry, a release that left messages behind, a delayed message's visibility);
--- NULL when the row was caught up the last time it was looked at.
+-- consumed. The lease is live while `lease_expires_at` > now(); a release sets it to NULL, so
+-- a past value is a lease that ran out. `lease_id`, `leased_from` and `leased_to` (exclusive)
+-- describe the last lease and stay after it ends, so an ack can find its message inside that
+-- range. `attention_at`: when the queue-level pop must look at this row again (a release that
+-- left messages behind, a delayed message's visibility); NULL otherwise.
 CREATE TABLE queen.partition_consumers (
     partition_id      BIGINT NOT NULL REFERENCES queen.partitions (id) ON DELETE CASCADE,
     consumer_group    VARCHAR(255) NOT NULL,
@@ -54,6 +54,10 @@ CREATE TABLE queen.partition_consumers (
 CREATE INDEX partition_consumers_attention
     ON queen.partition_consumers (queue_id, consumer_group, attention_at)
     WHERE attention_at IS NOT NULL;
+-- Leases that may run out: the queue-level pop looks here for expired ones.
+CREATE INDEX partition_consumers_expiry
+    ON queen.partition_consumers (queue_id, consumer_group, lease_expires_at)
+    WHERE lease_expires_at IS NOT NULL;
 CREATE INDEX partition_consumers_lease ON queen.partition_consumers (lease_id);
 CREATE INDEX partition_consumers_group ON queen.partition_consumers (consumer_group, queue_id);
 

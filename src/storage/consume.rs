@@ -6,8 +6,9 @@
 //! of a group never hold one partition at once, on one broker or many.
 //!
 //! A queue-level pop must not scan every partition. It looks in two places, both indexed:
-//! - rows of the group that asked for attention (`partition_consumers.attention_at <= now()`:
-//!   an expired lease, a release that left messages behind, a delayed message now visible);
+//! - rows of the group whose lease ran out (`lease_expires_at <= now()`; a release sets it to
+//!   NULL) or that asked for attention (`attention_at <= now()`: a release that left messages
+//!   behind, a delayed message now visible);
 //! - partitions written since the group's watermark, in write order
 //!   (`partitions (queue_id, last_write_xid, id)`). The watermark only moves past a partition
 //!   whose write is older than the scan snapshot's xmin and that was caught up, claimed by this
@@ -344,13 +345,21 @@ impl Collect<'_, '_> {
     async fn scan_queue(&mut self, conn: &mut PgConnection) -> sqlx::Result<()> {
         let rows: Vec<Candidate> = sqlx::query_as(&format!(
             "{CANDIDATE_COLUMNS}
-              WHERE p.id IN (SELECT a.partition_id
-                               FROM queen.partition_consumers a
-                              WHERE a.queue_id = $1
-                                AND a.consumer_group = $2
-                                AND a.attention_at <= now()
-                              ORDER BY a.attention_at
-                              LIMIT $3)"
+              WHERE p.id IN ((SELECT a.partition_id
+                                FROM queen.partition_consumers a
+                               WHERE a.queue_id = $1
+                                 AND a.consumer_group = $2
+                                 AND a.lease_expires_at <= now()
+                               ORDER BY a.lease_expires_at
+                               LIMIT $3)
+                             UNION ALL
+                             (SELECT a.partition_id
+                                FROM queen.partition_consumers a
+                               WHERE a.queue_id = $1
+                                 AND a.consumer_group = $2
+                                 AND a.attention_at <= now()
+                               ORDER BY a.attention_at
+                               LIMIT $3))"
         ))
         .bind(self.queue.id)
         .bind(self.req.group)
@@ -440,7 +449,7 @@ impl Collect<'_, '_> {
                     lease_owner = $4,
                     lease_acquired_at = now(),
                     lease_expires_at = now() + $5 * interval '1 second',
-                    attention_at = now() + $5 * interval '1 second'
+                    attention_at = NULL
               WHERE partition_id = $1
                 AND consumer_group = $2
                 AND (lease_expires_at IS NULL OR lease_expires_at <= now())
@@ -474,7 +483,7 @@ impl Collect<'_, '_> {
                             END,
                             $3, $4, now(),
                             now() + $5 * interval '1 second',
-                            now() + $5 * interval '1 second'
+                            NULL
                        FROM queen.partitions p
                       WHERE p.id = $1
                      ON CONFLICT (partition_id, consumer_group) DO NOTHING
@@ -599,7 +608,8 @@ impl Collect<'_, '_> {
     }
 }
 
-/// Clears a caught-up row's request for attention, unless it has messages again.
+/// Clears a caught-up row's request for attention (and its run-out lease), unless it has
+/// messages again.
 async fn clear_attention(
     conn: &mut PgConnection,
     partition_id: i64,
@@ -607,10 +617,10 @@ async fn clear_attention(
 ) -> sqlx::Result<()> {
     sqlx::query(
         "UPDATE queen.partition_consumers c
-            SET attention_at = NULL
+            SET attention_at = NULL,
+                lease_expires_at = NULL
           WHERE c.partition_id = $1
             AND c.consumer_group = $2
-            AND c.attention_at <= now()
             AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
             AND c.committed_offset >= (SELECT next_offset FROM queen.partitions WHERE id = $1)",
     )

@@ -44,8 +44,7 @@ pub async fn extend(
     let extended: Option<DateTime<Utc>> = sqlx::query_scalar(
         "WITH extended AS (
              UPDATE queen.partition_consumers
-                SET lease_expires_at = GREATEST(lease_expires_at, now() + $2 * interval '1 second'),
-                    attention_at = GREATEST(lease_expires_at, now() + $2 * interval '1 second')
+                SET lease_expires_at = GREATEST(lease_expires_at, now() + $2 * interval '1 second')
               WHERE lease_id = $1 AND lease_expires_at > now()
           RETURNING lease_expires_at
          )
