@@ -9,6 +9,7 @@
 //! decides what a consumer gets.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -37,6 +38,7 @@ pub enum WakeKey {
 #[derive(Default)]
 pub struct WakeHub {
     waiters: Mutex<HashMap<WakeKey, Arc<Notify>>>,
+    listening: AtomicBool,
 }
 
 /// One pop's registration; dropping it unregisters.
@@ -84,6 +86,20 @@ impl WakeHub {
             key,
             notify,
         }
+    }
+
+    /// Whether the LISTEN connection is up (other brokers' pushes reach this one).
+    pub fn listening(&self) -> bool {
+        self.listening.load(Ordering::Relaxed)
+    }
+
+    /// How many pops are registered for `key` (tests wait for this before pushing).
+    pub fn waiting(&self, key: &WakeKey) -> usize {
+        self.waiters
+            .lock()
+            .expect("wake hub lock poisoned")
+            .get(key)
+            .map_or(0, |n| Arc::strong_count(n) - 1)
     }
 
     /// Wakes pops waiting on this partition, its queue, or any queue.
@@ -235,6 +251,7 @@ async fn listen_loop(
             },
             _ = stopped.changed() => break 'connect,
         };
+        hub.listening.store(true, Ordering::Relaxed);
         hub.wake_all();
         loop {
             let received = tokio::select! {
@@ -247,6 +264,7 @@ async fn listen_loop(
                 Ok(None) => hub.wake_all(),
                 Err(e) => {
                     tracing::debug!(error = %e, "LISTEN connection lost; reconnecting");
+                    hub.listening.store(false, Ordering::Relaxed);
                     drop(listener);
                     tokio::select! {
                         _ = tokio::time::sleep(Duration::from_secs(1)) => continue 'connect,
