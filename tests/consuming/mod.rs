@@ -134,3 +134,19 @@ pub async fn ack_one(app: &TestApp, message: &Value, status: &str, group: Option
     assert_eq!(r.status, 200, "{:?}", r.body);
     r.body[0].clone()
 }
+
+/// DELETEs a path.
+pub async fn delete(app: &TestApp, path: &str) -> Reply {
+    let client = awc::Client::default();
+    let mut res = client
+        .delete(format!("{}{path}", app.base))
+        .send()
+        .await
+        .expect("request sent");
+    let bytes = res.body().await.expect("body read");
+    Reply {
+        status: res.status().as_u16(),
+        body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        headers: res.headers().clone(),
+    }
+}
