@@ -87,7 +87,7 @@ impl ResponseError for ApiError {
 
 /// Whether a database error means "PostgreSQL is unreachable or going away" (retryable) rather
 /// than "this statement failed".
-fn database_away(e: &sqlx::Error) -> bool {
+pub fn database_away(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
