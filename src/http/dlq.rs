@@ -9,8 +9,7 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use crate::app::AppState;
-use crate::http::error::ApiError;
-use crate::http::pop::with_db;
+use crate::http::error::{with_db, ApiError};
 use crate::storage::dlq;
 
 #[derive(Serialize)]

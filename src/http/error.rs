@@ -101,3 +101,23 @@ pub fn database_away(e: &sqlx::Error) -> bool {
         _ => false,
     }
 }
+
+/// Runs one database step under a deadline, so a vanished PostgreSQL turns into a prompt 503
+/// instead of a hung request.
+///
+/// # Errors
+///
+/// [`ApiError::Database`] or [`ApiError::DatabaseTimeout`].
+pub async fn with_db<T>(
+    state: &crate::app::AppState,
+    step: impl std::future::Future<Output = sqlx::Result<T>>,
+) -> Result<T, ApiError> {
+    let limit = state
+        .settings
+        .statement_timeout
+        .min(std::time::Duration::from_secs(10));
+    match tokio::time::timeout(limit, step).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(ApiError::DatabaseTimeout(limit)),
+    }
+}

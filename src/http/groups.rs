@@ -9,8 +9,7 @@ use serde_json::{json, Map, Value};
 use crate::app::AppState;
 use crate::http::ack::{json_body, opt_str};
 use crate::http::body::read_body;
-use crate::http::error::ApiError;
-use crate::http::pop::with_db;
+use crate::http::error::{with_db, ApiError};
 use crate::storage::groups::{self, PartitionLag, SeekTarget};
 
 /// A group whose oldest unconsumed message is older than this is `Lagging`.

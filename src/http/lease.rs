@@ -8,8 +8,7 @@ use uuid::Uuid;
 use crate::app::AppState;
 use crate::http::ack::json_body;
 use crate::http::body::read_body;
-use crate::http::error::ApiError;
-use crate::http::pop::with_db;
+use crate::http::error::{with_db, ApiError};
 use crate::storage::leases::{self, ExtendError};
 
 /// `seconds` when the body leaves it out.

@@ -7,7 +7,6 @@
 //! messages) and formats.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -20,7 +19,7 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use crate::app::AppState;
-use crate::http::error::ApiError;
+use crate::http::error::{with_db, ApiError};
 use crate::storage::consume::{self, PopRequest, Popped, SubscriptionStart, QUEUE_MODE};
 use crate::wake::WakeKey;
 
@@ -222,26 +221,6 @@ async fn serve(
             return Ok(HttpResponse::NoContent().finish());
         }
         let _ = tokio::time::timeout((deadline - now).min(RECHECK), notified).await;
-    }
-}
-
-/// Runs one database step under a deadline, so a vanished PostgreSQL turns into a prompt 503
-/// instead of a hung request.
-///
-/// # Errors
-///
-/// [`ApiError::Database`] or [`ApiError::DatabaseTimeout`].
-pub async fn with_db<T>(
-    state: &AppState,
-    step: impl Future<Output = sqlx::Result<T>>,
-) -> Result<T, ApiError> {
-    let limit = state
-        .settings
-        .statement_timeout
-        .min(Duration::from_secs(10));
-    match tokio::time::timeout(limit, step).await {
-        Ok(result) => Ok(result?),
-        Err(_) => Err(ApiError::DatabaseTimeout(limit)),
     }
 }
 

@@ -215,8 +215,20 @@ async fn apply_group(
         return Ok(());
     };
 
-    // The messages of the last lease, by transactionId (first occurrence wins).
-    let (segments, _) = read_range(conn, info.id, from, to - from, info.next_offset).await?;
+    // The messages of the last lease, by transactionId (first occurrence wins). Acks mostly
+    // arrive in order, so the segment holding the committed offset is read first, and the
+    // whole leased range only when some acked message is not in it.
+    let first_unacked = row.committed_offset.clamp(from, (to - 1).max(from));
+    let (mut segments, _) = read_range(conn, info.id, first_unacked, 1, info.next_offset).await?;
+    let wanted: Vec<&str> = members
+        .iter()
+        .map(|&n| acks[n].transaction_id.as_str())
+        .collect();
+    if !holds_all(&segments, from, to, &wanted, info.id)? {
+        segments = read_range(conn, info.id, from, to - from, info.next_offset)
+            .await?
+            .0;
+    }
     let mut decoded = Vec::with_capacity(segments.len());
     for (base, bytes) in &segments {
         let frames = frames::decode(bytes)
@@ -365,4 +377,27 @@ async fn apply_group(
     .execute(&mut *conn)
     .await?;
     Ok(())
+}
+
+/// Whether every transactionId of `wanted` is among the messages of `segments` inside
+/// `from .. to`.
+fn holds_all(
+    segments: &[(i64, Vec<u8>)],
+    from: i64,
+    to: i64,
+    wanted: &[&str],
+    partition_id: i64,
+) -> sqlx::Result<bool> {
+    let mut present = std::collections::HashSet::new();
+    for (base, bytes) in segments {
+        let frames = frames::decode(bytes)
+            .map_err(|e| sqlx::Error::Protocol(format!("partition {partition_id}: {e}")))?;
+        for (n, frame) in frames.iter().enumerate() {
+            let offset = base + n as i64;
+            if offset >= from && offset < to {
+                present.insert(frame.transaction_id.to_string());
+            }
+        }
+    }
+    Ok(wanted.iter().all(|t| present.contains(*t)))
 }
