@@ -172,3 +172,25 @@ async fn several_partitions_in_one_pop_share_one_lease() {
         1
     );
 }
+
+#[actix_web::test]
+async fn namespace_and_task_pops_take_the_highest_priority_matching_queue() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    push_n(&app, "billing.invoices", "p", 0, 1).await;
+    push_n(&app, "billing.refunds", "p", 10, 1).await;
+    push_n(&app, "shipping.labels", "p", 20, 1).await;
+    db.exec("UPDATE queen.queues SET priority = 5 WHERE name = 'billing.refunds'")
+        .await;
+
+    let r = app.get("/api/v1/pop?namespace=billing").await;
+    assert_eq!(ns(&r), vec![10]);
+    assert_eq!(r.body["queue"], "billing.refunds");
+    assert_eq!(messages(&r)[0]["queue"], "billing.refunds");
+    let r = app.get("/api/v1/pop?namespace=billing&task=invoices").await;
+    assert_eq!(ns(&r), vec![0]);
+    let r = app.get("/api/v1/pop?task=labels").await;
+    assert_eq!(ns(&r), vec![20]);
+    assert_eq!(app.get("/api/v1/pop?namespace=billing").await.status, 204);
+    assert_eq!(app.get("/api/v1/pop?namespace=nobody").await.status, 204);
+}
