@@ -468,19 +468,12 @@ impl Collect<'_, '_> {
             // First contact of the group with this partition (or the lease is held: then the
             // insert conflicts and returns nothing).
             None => {
-                sqlx::query_as(
+                sqlx::query_as(&format!(
                     "INSERT INTO queen.partition_consumers
                             (partition_id, consumer_group, queue_id, committed_offset, lease_id,
                              lease_owner, lease_acquired_at, lease_expires_at, attention_at)
                      SELECT p.id, $2, p.queue_id,
-                            CASE WHEN $6::timestamptz IS NULL THEN 0
-                                 ELSE COALESCE((SELECT s.base_offset + s.msg_count
-                                                  FROM queen.segments s
-                                                 WHERE s.partition_id = p.id
-                                                   AND s.created_at < $6
-                                                 ORDER BY s.base_offset DESC
-                                                 LIMIT 1), 0)
-                            END,
+                            {start},
                             $3, $4, now(),
                             now() + $5 * interval '1 second',
                             NULL
@@ -489,7 +482,8 @@ impl Collect<'_, '_> {
                      ON CONFLICT (partition_id, consumer_group) DO NOTHING
                      RETURNING committed_offset, batch_retry_count,
                                (SELECT next_offset FROM queen.partitions WHERE id = $1)",
-                )
+                    start = start_offset_sql("p.id", "$6::timestamptz")
+                ))
                 .bind(row.id)
                 .bind(group)
                 .bind(self.lease_id)
@@ -683,6 +677,21 @@ pub async fn read_range(
         }
     }
     Ok((Vec::new(), from))
+}
+
+/// SQL for where a group starts on a partition it has not touched yet: the beginning without a
+/// subscription start (`from` NULL), else right after the last segment committed before it.
+pub(crate) fn start_offset_sql(partition: &str, from: &str) -> String {
+    format!(
+        "CASE WHEN {from} IS NULL THEN 0
+              ELSE COALESCE((SELECT sg.base_offset + sg.msg_count
+                               FROM queen.segments sg
+                              WHERE sg.partition_id = {partition}
+                                AND sg.created_at < {from}
+                              ORDER BY sg.base_offset DESC
+                              LIMIT 1), 0)
+         END"
+    )
 }
 
 /// The queue and the group's subscription on it, recording the subscription on first contact.

@@ -8,24 +8,20 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::storage::consume::start_offset_sql;
+
 /// Where each subscribed group stands on each partition of its queues; `$1` filters by group
 /// (NULL = all). A partition the group never touched starts where its subscription says.
-const POSITIONS: &str = "
+fn positions() -> String {
+    format!(
+        "
 WITH pos AS (
     SELECT s.consumer_group, q.name AS queue, p.id AS partition_id, p.uuid AS partition_uuid,
            p.name AS partition, p.next_offset, c.lease_owner, c.last_consumed_at,
            COALESCE(c.total_consumed, 0) AS total_consumed,
            COALESCE(c.lease_expires_at > now(), false) AS lease_active,
            s.subscription_mode, s.subscription_from, s.created_at AS subscribed_at,
-           COALESCE(c.committed_offset,
-                    CASE WHEN s.subscription_from IS NULL THEN 0
-                         ELSE COALESCE((SELECT sg.base_offset + sg.msg_count
-                                          FROM queen.segments sg
-                                         WHERE sg.partition_id = p.id
-                                           AND sg.created_at < s.subscription_from
-                                         ORDER BY sg.base_offset DESC
-                                         LIMIT 1), 0)
-                    END) AS position
+           COALESCE(c.committed_offset, {start}) AS position
       FROM queen.consumer_subscriptions s
       JOIN queen.queues q ON q.id = s.queue_id
       JOIN queen.partitions p ON p.queue_id = q.id
@@ -50,7 +46,10 @@ WITH pos AS (
                           LIMIT 1))
            END AS oldest_unconsumed_at
       FROM pos
-)";
+)",
+        start = start_offset_sql("p.id", "s.subscription_from")
+    )
+}
 
 /// One (group, queue) pair.
 #[derive(Debug, sqlx::FromRow)]
@@ -79,8 +78,9 @@ pub struct GroupSummary {
 ///
 /// Any database error.
 pub async fn list(conn: &mut PgConnection) -> sqlx::Result<Vec<GroupSummary>> {
+    let positions = positions();
     sqlx::query_as(&format!(
-        "{POSITIONS}
+        "{positions}
          SELECT consumer_group, queue,
                 count(*) FILTER (WHERE lease_active) AS members,
                 count(*) FILTER (WHERE offset_lag > 0) AS partitions_with_lag,
@@ -139,8 +139,9 @@ pub async fn lagging(
     conn: &mut PgConnection,
     min_lag_secs: i64,
 ) -> sqlx::Result<Vec<PartitionLag>> {
+    let positions = positions();
     sqlx::query_as(&format!(
-        "{POSITIONS}
+        "{positions}
          SELECT {PARTITION_COLUMNS}
            FROM lag
           WHERE oldest_unconsumed_at <= now() - $2 * interval '1 second'
@@ -158,8 +159,9 @@ pub async fn lagging(
 ///
 /// Any database error.
 pub async fn partitions(conn: &mut PgConnection, group: &str) -> sqlx::Result<Vec<PartitionLag>> {
+    let positions = positions();
     sqlx::query_as(&format!(
-        "{POSITIONS}
+        "{positions}
          SELECT {PARTITION_COLUMNS}
            FROM lag
           ORDER BY queue, partition"
