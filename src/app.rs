@@ -17,9 +17,11 @@ use broker_actors::spool::{SpoolActor, SpoolError, SpoolHandle, SpoolState};
 use sqlx::PgPool;
 
 use crate::auth::{Gate, Gatekeeper};
+use crate::http::pop::PopPause;
 use crate::pg::{ClusterError, PrivateCluster};
 use crate::settings::Settings;
 use crate::storage::{self, commit::PgStore};
+use crate::wake::{self, WakeHub};
 
 /// Request bytes currently held by the write path.
 #[derive(Default)]
@@ -73,6 +75,12 @@ pub struct AppState {
     pub spool: SpoolHandle,
     /// Shared flags.
     pub flags: Arc<Flags>,
+    /// Waiting pops, woken by pushes (here and, via LISTEN, on other brokers).
+    pub wake: Arc<WakeHub>,
+    /// This broker's id, recorded as the owner of the leases it hands out.
+    pub broker_id: String,
+    /// The cached pop-maintenance flag.
+    pub pop_pause: PopPause,
 }
 
 /// Why the broker could not start.
@@ -120,12 +128,14 @@ pub struct Broker {
     /// Shared state, for tests and background tasks.
     pub state: web::Data<AppState>,
     arbiters: Vec<Arbiter>,
+    listener: wake::ListenerHandle,
     private_cluster: Option<PrivateCluster>,
 }
 
 impl Broker {
     /// Stops the actor threads and a private cluster; call after the server has stopped.
     pub fn shutdown(&self) {
+        self.listener.stop();
         for arbiter in &self.arbiters {
             arbiter.stop();
         }
@@ -293,6 +303,8 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         settings.retention_every,
         settings.retention_batch,
     ));
+    let hub = WakeHub::new();
+    let listener = wake::spawn_listener(options.clone(), hub.clone());
 
     let state = web::Data::new(AppState {
         registry,
@@ -302,6 +314,9 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         committers,
         spool,
         flags,
+        wake: hub,
+        broker_id: format!("broker-{}", uuid::Uuid::new_v4().simple()),
+        pop_pause: PopPause::default(),
     });
     let data = state.clone();
     let addr = format!("{}:{}", settings.host, settings.port);
@@ -328,6 +343,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         server: Some(server),
         state,
         arbiters: vec![committer_arbiter, partition_arbiter],
+        listener,
         private_cluster,
     })
 }

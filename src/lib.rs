@@ -7,6 +7,7 @@
 //! - [`http`]: the routes (`push`, `health`, ...), body limits and error mapping.
 //! - [`storage`]: every SQL statement; the commit transaction is `storage::commit`.
 //! - [`pg`]: a private PostgreSQL cluster from the local server binaries.
+//! - [`wake`]: long-poll wake-ups (in-process, and across brokers via LISTEN/NOTIFY).
 //!
 //! The actors (partition, committer, registry) live in the `broker-actors` crate (`actors/`).
 
@@ -16,3 +17,4 @@ pub mod http;
 pub mod pg;
 pub mod settings;
 pub mod storage;
+pub mod wake;

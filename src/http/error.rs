@@ -45,6 +45,9 @@ pub enum ApiError {
     /// A database statement failed.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// PostgreSQL did not answer in time.
+    #[error("database did not answer within {0:?}")]
+    DatabaseTimeout(std::time::Duration),
     /// No route matches.
     #[error("no route for {method} {path}")]
     NoSuchRoute {
@@ -72,13 +75,9 @@ impl ResponseError for ApiError {
             Self::AuthUnavailable(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::NoSuchRoute { .. } | Self::NotFound(_) => StatusCode::NOT_FOUND,
             // Unreachable is retryable; anything else is ours.
-            Self::Database(
-                sqlx::Error::Io(_)
-                | sqlx::Error::Tls(_)
-                | sqlx::Error::PoolTimedOut
-                | sqlx::Error::PoolClosed,
-            ) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Database(e) if database_away(e) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::DatabaseTimeout(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -92,6 +91,7 @@ impl ResponseError for ApiError {
             Self::Overloaded { retry_after_secs } => Some(*retry_after_secs),
             Self::Push(PushError::Overloaded(d)) => Some(d.as_secs().max(1)),
             Self::Push(_) | Self::Unavailable(_) => Some(1),
+            Self::Database(_) | Self::DatabaseTimeout(_) if status.is_server_error() => Some(1),
             _ => None,
         };
         if let Some(secs) = retry_after {
@@ -117,5 +117,42 @@ impl From<AuthError> for ApiError {
             AuthError::Forbidden => Self::Forbidden,
             AuthError::Unavailable(text) => Self::AuthUnavailable(text),
         }
+    }
+}
+
+/// Whether a database error means "PostgreSQL is unreachable or going away" (retryable) rather
+/// than "this statement failed".
+pub fn database_away(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        // Class 08: connection exception; class 57: operator intervention (shutdown, ...).
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57")),
+        _ => false,
+    }
+}
+
+/// Runs one database step under a deadline, so a vanished PostgreSQL turns into a prompt 503
+/// instead of a hung request.
+///
+/// # Errors
+///
+/// [`ApiError::Database`] or [`ApiError::DatabaseTimeout`].
+pub async fn with_db<T>(
+    state: &crate::app::AppState,
+    step: impl std::future::Future<Output = sqlx::Result<T>>,
+) -> Result<T, ApiError> {
+    let limit = state
+        .settings
+        .statement_timeout
+        .min(std::time::Duration::from_secs(10));
+    match tokio::time::timeout(limit, step).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(ApiError::DatabaseTimeout(limit)),
     }
 }

@@ -5,14 +5,20 @@
 //! (`crate::auth::Gate`) reads the same table for every request: a route added here is checked
 //! with no other change, and with auth on a path missing from the table is never served.
 
+pub mod ack;
 pub mod body;
 pub mod configure;
+pub mod dlq;
 pub mod error;
+pub mod groups;
 pub mod health;
+pub mod lease;
 pub mod maintenance;
 pub mod messages;
+pub mod pop;
 pub mod push;
 pub mod resources;
+pub mod transaction;
 
 use actix_web::http::{header, Method};
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -103,6 +109,86 @@ pub fn routes() -> Vec<Route> {
         },
         Route {
             method: Method::GET,
+            path: "/api/v1/pop/queue/{queue}",
+            capability: Capability::Consume,
+        },
+        Route {
+            method: Method::GET,
+            path: "/api/v1/pop/queue/{queue}/partition/{partition}",
+            capability: Capability::Consume,
+        },
+        Route {
+            method: Method::GET,
+            path: "/api/v1/pop",
+            capability: Capability::Consume,
+        },
+        Route {
+            method: Method::POST,
+            path: "/api/v1/ack",
+            capability: Capability::Consume,
+        },
+        Route {
+            method: Method::POST,
+            path: "/api/v1/ack/batch",
+            capability: Capability::Consume,
+        },
+        Route {
+            method: Method::POST,
+            path: "/api/v1/lease/{lease_id}/extend",
+            capability: Capability::Consume,
+        },
+        Route {
+            method: Method::POST,
+            path: "/api/v1/transaction",
+            capability: Capability::ProduceAndConsume,
+        },
+        Route {
+            method: Method::GET,
+            path: "/api/v1/consumer-groups",
+            capability: Capability::Read,
+        },
+        Route {
+            method: Method::GET,
+            path: "/api/v1/consumer-groups/lagging",
+            capability: Capability::Read,
+        },
+        Route {
+            method: Method::GET,
+            path: "/api/v1/consumer-groups/{group}",
+            capability: Capability::Read,
+        },
+        Route {
+            method: Method::DELETE,
+            path: "/api/v1/consumer-groups/{group}",
+            capability: Capability::Admin,
+        },
+        Route {
+            method: Method::DELETE,
+            path: "/api/v1/consumer-groups/{group}/queues/{queue}",
+            capability: Capability::Admin,
+        },
+        Route {
+            method: Method::POST,
+            path: "/api/v1/consumer-groups/{group}/subscription",
+            capability: Capability::Configure,
+        },
+        Route {
+            method: Method::POST,
+            path: "/api/v1/consumer-groups/{group}/queues/{queue}/seek",
+            capability: Capability::Configure,
+        },
+        Route {
+            method: Method::POST,
+            path: "/api/v1/consumer-groups/{group}/queues/{queue}/partitions/{partition}/seek",
+            capability: Capability::Configure,
+        },
+        Route {
+            method: Method::GET,
+            path: "/api/v1/dlq",
+            capability: Capability::Read,
+        },
+        Route {
+            method: Method::GET,
             path: "/health",
             capability: Capability::Public,
         },
@@ -157,6 +243,33 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             ("GET", "/api/v1/messages/{partitionId}/{transactionId}") => {
                 web::get().to(messages::detail)
             }
+            ("GET", "/api/v1/pop/queue/{queue}") => web::get().to(pop::pop_queue),
+            ("GET", "/api/v1/pop/queue/{queue}/partition/{partition}") => {
+                web::get().to(pop::pop_partition)
+            }
+            ("GET", "/api/v1/pop") => web::get().to(pop::pop_matching),
+            ("POST", "/api/v1/ack") => web::post().to(ack::ack),
+            ("POST", "/api/v1/ack/batch") => web::post().to(ack::ack_batch),
+            ("POST", "/api/v1/lease/{lease_id}/extend") => web::post().to(lease::extend),
+            ("POST", "/api/v1/transaction") => web::post().to(transaction::transaction),
+            ("GET", "/api/v1/consumer-groups") => web::get().to(groups::list),
+            ("GET", "/api/v1/consumer-groups/lagging") => web::get().to(groups::lagging),
+            ("GET", "/api/v1/consumer-groups/{group}") => web::get().to(groups::get),
+            ("DELETE", "/api/v1/consumer-groups/{group}") => web::delete().to(groups::delete),
+            ("DELETE", "/api/v1/consumer-groups/{group}/queues/{queue}") => {
+                web::delete().to(groups::delete_for_queue)
+            }
+            ("POST", "/api/v1/consumer-groups/{group}/subscription") => {
+                web::post().to(groups::subscription)
+            }
+            ("POST", "/api/v1/consumer-groups/{group}/queues/{queue}/seek") => {
+                web::post().to(groups::seek_queue)
+            }
+            (
+                "POST",
+                "/api/v1/consumer-groups/{group}/queues/{queue}/partitions/{partition}/seek",
+            ) => web::post().to(groups::seek_partition),
+            ("GET", "/api/v1/dlq") => web::get().to(dlq::list),
             ("GET", "/health") => web::get().to(health::health),
             ("GET", "/health/live") => web::get().to(health::live),
             ("GET", "/api/v1/system/maintenance") => web::get().to(maintenance::get),

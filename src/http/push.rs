@@ -253,11 +253,14 @@ pub async fn push_items(
         let registry = state.registry.clone();
         pending.push(async move {
             let verdicts = registry.push(&key, items).await;
-            (indexes, meta, verdicts)
+            (key, indexes, meta, verdicts)
         });
     }
-    for (indexes, meta, verdicts) in join_all(pending).await {
+    for (key, indexes, meta, verdicts) in join_all(pending).await {
         let verdicts = verdicts?;
+        if verdicts.contains(&Verdict::Queued) {
+            state.wake.wake(&key.queue, &key.partition);
+        }
         for ((index, (minted, transaction_id)), verdict) in
             indexes.into_iter().zip(meta).zip(verdicts)
         {

@@ -3,8 +3,13 @@
 //! Top to bottom: resolve new partitions' ids (own statements, before the transaction) · BEGIN ·
 //! lock the partition rows in id order (so two brokers never deadlock) · probe the dedup sidecar
 //! (a separate statement *after* the lock, so it sees every key committed by the writer we
-//! waited for) · decide each item's verdict · one statement that moves `next_offset`, inserts
-//! the segments and the sidecar rows · COMMIT. Nothing is written for a duplicate.
+//! waited for) · decide each item's verdict · one statement that moves `next_offset` (and the
+//! write marker `last_write_xid` the queue-level pop scans by), inserts the segments and the
+//! sidecar rows, and queues one `NOTIFY queen_push` naming the written partitions (delivered at
+//! COMMIT, so other brokers wake their long-polls) · COMMIT. Nothing is written for a duplicate.
+//!
+//! [`write_segments`] is the part between BEGIN and COMMIT, so `POST /api/v1/transaction` runs
+//! the same statements inside its own transaction.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -90,9 +95,78 @@ struct Locked {
     window_secs: i32,
 }
 
-/// Every segment's partition id: the one its actor cached, or resolved (creating the partition)
-/// when there is none or the cached one is `stale`.
-async fn partition_ids(
+/// Commits `batch` in one transaction; see the module docs.
+///
+/// # Errors
+///
+/// Any database error; the transaction is then rolled back (or its outcome is unknown when the
+/// connection broke during COMMIT).
+pub async fn commit_batch(
+    conn: &mut PgConnection,
+    batch: &[SegmentWrite],
+) -> sqlx::Result<Vec<SegmentOutcome>> {
+    // An id an actor cached may belong to a partition deleted since (its queue was deleted
+    // through the admin route): such keys are resolved again once, which recreates them.
+    let mut stale: Vec<&PartitionKey> = Vec::new();
+    loop {
+        let ids = resolve_ids_except(conn, batch, &stale).await?;
+        let mut tx = conn.begin().await?;
+        match write_segments(&mut tx, batch, &ids).await {
+            Ok(outcomes) => {
+                tx.commit().await?;
+                return Ok(outcomes);
+            }
+            Err(WriteError::Deleted(missing)) if stale.is_empty() => {
+                tx.rollback().await?;
+                stale = batch
+                    .iter()
+                    .zip(&ids)
+                    .filter(|(_, id)| missing.contains(id))
+                    .map(|(w, _)| &w.key)
+                    .collect();
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Why [`write_segments`] wrote nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// These partitions were deleted (their rows are gone).
+    #[error("a partition was deleted while being written")]
+    Deleted(Vec<i64>),
+    /// A statement failed.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+impl From<WriteError> for sqlx::Error {
+    fn from(e: WriteError) -> Self {
+        match e {
+            WriteError::Deleted(_) => sqlx::Error::Protocol(e.to_string()),
+            WriteError::Database(e) => e,
+        }
+    }
+}
+
+/// The database id of each write's partition (same order as `batch`), creating queues and
+/// partitions that do not exist yet. Runs outside the commit transaction: a partition created
+/// for a write that then rolls back simply stays empty.
+///
+/// # Errors
+///
+/// Any database error, or a partition that could not be created.
+pub async fn resolve_partition_ids(
+    conn: &mut PgConnection,
+    batch: &[SegmentWrite],
+) -> sqlx::Result<Vec<i64>> {
+    resolve_ids_except(conn, batch, &[]).await
+}
+
+/// As [`resolve_partition_ids`], also resolving again the keys in `stale` (a cached id whose
+/// partition was deleted since: resolving recreates it).
+async fn resolve_ids_except(
     conn: &mut PgConnection,
     batch: &[SegmentWrite],
     stale: &[&PartitionKey],
@@ -121,12 +195,19 @@ async fn partition_ids(
         .collect()
 }
 
-/// Locks these partitions' rows in ascending id order (so two brokers never deadlock); a
-/// deleted partition is simply missing from the answer.
-async fn lock_partitions(
-    conn: &mut PgConnection,
+/// Writes the segments of `batch` (partition ids from [`resolve_partition_ids`]) inside the
+/// caller's open transaction `tx`: lock, dedup probe, verdicts, offsets, segment and sidecar
+/// rows, write marker and NOTIFY. The caller commits or rolls back.
+///
+/// # Errors
+///
+/// [`WriteError::Deleted`] naming partitions that no longer exist, or any database error; the
+/// caller's transaction is then unusable and must be rolled back.
+pub async fn write_segments(
+    tx: &mut PgConnection,
+    batch: &[SegmentWrite],
     ids: &[i64],
-) -> sqlx::Result<HashMap<i64, Locked>> {
+) -> Result<Vec<SegmentOutcome>, WriteError> {
     let mut lock_ids = ids.to_vec();
     lock_ids.sort_unstable();
     lock_ids.dedup();
@@ -139,9 +220,9 @@ async fn lock_partitions(
             FOR UPDATE OF p",
     )
     .bind(&lock_ids)
-    .fetch_all(conn)
+    .fetch_all(&mut *tx)
     .await?;
-    Ok(rows
+    let mut locked: HashMap<i64, Locked> = rows
         .into_iter()
         .map(|(id, next_offset, window_secs)| {
             (
@@ -152,47 +233,19 @@ async fn lock_partitions(
                 },
             )
         })
-        .collect())
-}
-
-/// Commits `batch` in one transaction; see the module docs.
-///
-/// # Errors
-///
-/// Any database error; the transaction is then rolled back (or its outcome is unknown when the
-/// connection broke during COMMIT).
-pub async fn commit_batch(
-    conn: &mut PgConnection,
-    batch: &[SegmentWrite],
-) -> sqlx::Result<Vec<SegmentOutcome>> {
-    // An id an actor cached may belong to a partition deleted since (its queue was deleted
-    // through the admin route): such keys are resolved again, which recreates the partition.
-    let mut stale: Vec<&PartitionKey> = Vec::new();
-    let (mut tx, ids, mut locked) = loop {
-        let ids = partition_ids(conn, batch, &stale).await?;
-        let mut tx = conn.begin().await?;
-        let locked = lock_partitions(&mut tx, &ids).await?;
-        if ids.iter().all(|id| locked.contains_key(id)) {
-            break (tx, ids, locked);
-        }
-        if !stale.is_empty() {
-            return Err(sqlx::Error::Protocol(
-                "a partition was deleted while being written".into(),
-            ));
-        }
-        tx.rollback().await?;
-        stale = batch
-            .iter()
-            .zip(&ids)
-            .filter(|(_, id)| !locked.contains_key(id))
-            .map(|(w, _)| &w.key)
+        .collect();
+    if locked.len() != lock_ids.len() {
+        let missing = lock_ids
+            .into_iter()
+            .filter(|id| !locked.contains_key(id))
             .collect();
-    };
+        return Err(WriteError::Deleted(missing));
+    }
 
     // Probe every key of every dedup-enabled partition in one statement.
     let hashes: Vec<Vec<i64>> = batch
         .iter()
-        .zip(&ids)
+        .zip(ids)
         .map(|(write, id)| {
             if locked[id].window_secs > 0 {
                 write
@@ -214,7 +267,7 @@ pub async fn commit_batch(
             window_secs,
         }));
     }
-    let hits = dedup::probe(&mut tx, &probes).await?;
+    let hits = dedup::probe(&mut *tx, &probes).await?;
     let originals = if hits.is_empty() {
         HashMap::new()
     } else {
@@ -222,7 +275,7 @@ pub async fn commit_batch(
             .iter()
             .flat_map(|((pid, _), offs)| offs.iter().map(|o| (*pid, *o)))
             .collect();
-        dedup::originals(&mut tx, &at).await?
+        dedup::originals(&mut *tx, &at).await?
     };
 
     // Decide verdicts and allocate offsets, segment by segment.
@@ -236,7 +289,8 @@ pub async fn commit_batch(
     let mut key_pids = Vec::new();
     let mut key_hashes = Vec::new();
     let mut key_offsets = Vec::new();
-    for ((write, &pid), seg_hashes) in batch.iter().zip(&ids).zip(&hashes) {
+    let mut written: Vec<&PartitionKey> = Vec::new();
+    for ((write, &pid), seg_hashes) in batch.iter().zip(ids).zip(&hashes) {
         let lock = locked.get_mut(&pid).expect("every id was locked");
         let dedup_on = lock.window_secs > 0;
         let mut verdicts = Vec::with_capacity(write.items.len());
@@ -271,6 +325,7 @@ pub async fn commit_batch(
             lock.next_offset += accepted.len() as i64;
             upd_ids.push(pid);
             upd_next.push(lock.next_offset);
+            written.push(&write.key);
         }
         outcomes.push(SegmentOutcome {
             partition_id: pid,
@@ -279,12 +334,17 @@ pub async fn commit_batch(
     }
 
     if !seg_pids.is_empty() {
+        // The notification rides in the same statement (no extra round trip); joining it into
+        // the UPDATE makes PostgreSQL evaluate it exactly once.
         sqlx::query(
-            "WITH moved AS (
+            "WITH notified AS (
+                 SELECT pg_notify('queen_push', $10)
+             ), moved AS (
                  UPDATE queen.partitions p
                     SET next_offset = x.next_offset,
-                        last_write_at = now()
-                   FROM unnest($1::int8[], $2::int8[]) AS x(id, next_offset)
+                        last_write_at = now(),
+                        last_write_xid = pg_current_xact_id()::text::int8
+                   FROM unnest($1::int8[], $2::int8[]) AS x(id, next_offset), notified
                   WHERE p.id = x.id
              ), segments AS (
                  INSERT INTO queen.segments (partition_id, base_offset, msg_count, frames)
@@ -302,10 +362,10 @@ pub async fn commit_batch(
         .bind(&key_pids)
         .bind(&key_hashes)
         .bind(&key_offsets)
+        .bind(crate::wake::notify_payload(&written))
         .execute(&mut *tx)
         .await?;
     }
-    tx.commit().await?;
     Ok(outcomes)
 }
 

@@ -9,10 +9,20 @@
 //! - [`retention`]: removing whole segments by age.
 //! - [`resources`]: per-partition facts and message counts for the resource routes.
 //! - [`messages`]: reading messages back for operators.
+//! - [`consume`]: the pop (find, claim under a lease, read by offset range).
+//! - [`leases`]: extending leases, checking that leases are live.
+//! - [`acks`]: acks as offset commits, retries, dead-lettering.
+//! - [`dlq`]: the dead-letter table.
+//! - [`groups`]: consumer groups (listing, lag, deletion, subscription, seeks).
 
+pub mod acks;
 pub mod commit;
+pub mod consume;
 pub mod dedup;
+pub mod dlq;
 pub mod frames;
+pub mod groups;
+pub mod leases;
 pub mod messages;
 pub mod partitions;
 pub mod queues;

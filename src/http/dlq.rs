@@ -1,0 +1,92 @@
+//! `GET /api/v1/dlq` (reference §9.2): dead letters, newest failure first. `partition`, `from`
+//! and `to` are ignored as 0.15 ignores them (the SDK always sends `partition=Default`).
+
+use std::collections::HashMap;
+
+use actix_web::{web, HttpResponse};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use uuid::Uuid;
+
+use crate::app::AppState;
+use crate::http::error::{with_db, ApiError};
+use crate::storage::dlq;
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Letter<'a> {
+    id: Uuid,
+    transaction_id: &'a str,
+    partition_id: Uuid,
+    queue: &'a str,
+    partition: &'a str,
+    consumer_group: &'a str,
+    error_message: Option<&'a str>,
+    retry_count: i32,
+    data: &'a RawValue,
+    producer_sub: Option<&'a str>,
+    trace_id: Option<&'a str>,
+    created_at: String,
+    failed_at: String,
+}
+
+#[derive(Serialize)]
+struct Pagination {
+    limit: i64,
+    offset: i64,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    messages: Vec<Letter<'a>>,
+    pagination: Pagination,
+    total: i64,
+}
+
+/// `GET /api/v1/dlq?queue&consumerGroup&limit=100&offset=0`.
+pub async fn list(
+    query: web::Query<HashMap<String, String>>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let text = |k: &str| query.get(k).filter(|v| !v.is_empty()).cloned();
+    let number = |k: &str, default: i64| {
+        query
+            .get(k)
+            .and_then(|v| v.parse::<i64>().ok())
+            .filter(|n| *n >= 0)
+            .unwrap_or(default)
+    };
+    let (queue, group) = (text("queue"), text("consumerGroup"));
+    let (limit, offset) = (number("limit", 100).min(10_000), number("offset", 0));
+    let (rows, total) = with_db(&state, async {
+        let mut conn = state.pool.acquire().await?;
+        dlq::list(&mut conn, queue.as_deref(), group.as_deref(), limit, offset).await
+    })
+    .await?;
+    let mut messages = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let data: &RawValue = serde_json::from_str(&r.payload).map_err(|e| {
+            ApiError::Database(sqlx::Error::Protocol(format!("stored payload: {e}")))
+        })?;
+        messages.push(Letter {
+            id: r.message_id,
+            transaction_id: &r.transaction_id,
+            partition_id: r.partition_uuid,
+            queue: &r.queue,
+            partition: &r.partition,
+            consumer_group: &r.consumer_group,
+            error_message: r.error_message.as_deref(),
+            retry_count: r.retry_count,
+            data,
+            producer_sub: r.producer_sub.as_deref(),
+            trace_id: r.trace_id.as_deref(),
+            created_at: r.created_at.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string(),
+            failed_at: r.failed_at.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+        });
+    }
+    Ok(HttpResponse::Ok().json(Body {
+        messages,
+        pagination: Pagination { limit, offset },
+        total,
+    }))
+}

@@ -1,0 +1,271 @@
+//! Consumer-group routes (reference §9.1): listing, lag, deletion, subscription start, seeks.
+
+use std::collections::HashMap;
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use chrono::{DateTime, Utc};
+use serde_json::{json, Map, Value};
+
+use crate::app::AppState;
+use crate::http::ack::{json_body, opt_str};
+use crate::http::body::read_body;
+use crate::http::error::{with_db, ApiError};
+use crate::storage::groups::{self, PartitionLag, SeekTarget};
+
+/// A group whose oldest unconsumed message is older than this is `Lagging`.
+const LAGGING_AFTER_SECS: i64 = 300;
+
+/// Admin-route time format: milliseconds, UTC, `Z`.
+fn millis(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
+}
+
+fn parse_time(text: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(text)
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
+}
+
+fn delete_metadata(query: &HashMap<String, String>) -> bool {
+    // Default true; only an explicit false-ish value keeps the metadata.
+    !matches!(
+        query.get("deleteMetadata").map(String::as_str),
+        Some("false" | "0")
+    )
+}
+
+/// `GET /api/v1/consumer-groups`.
+pub async fn list(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let rows = with_db(&state, async {
+        let mut conn = state.pool.acquire().await?;
+        groups::list(&mut conn).await
+    })
+    .await?;
+    let body: Vec<Value> = rows
+        .iter()
+        .map(|g| {
+            json!({
+                "name": g.consumer_group,
+                "topics": [g.queue],
+                "queueName": g.queue,
+                "members": g.members,
+                "partitionsWithLag": g.partitions_with_lag,
+                "totalLag": null,
+                "maxTimeLag": g.max_time_lag,
+                "state": if g.max_time_lag > LAGGING_AFTER_SECS { "Lagging" } else { "Stable" },
+                "subscriptionMode": g.subscription_mode,
+                "subscriptionTimestamp": g.subscription_from.map(millis),
+                "subscriptionCreatedAt": millis(g.subscribed_at),
+            })
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(body))
+}
+
+/// `GET /api/v1/consumer-groups/lagging?minLagSeconds=3600`.
+pub async fn lagging(
+    query: web::Query<HashMap<String, String>>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let min = query
+        .get("minLagSeconds")
+        .and_then(|v| v.parse::<i64>().ok())
+        .unwrap_or(3600);
+    let rows = with_db(&state, async {
+        let mut conn = state.pool.acquire().await?;
+        groups::lagging(&mut conn, min).await
+    })
+    .await?;
+    let body: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({
+                "consumer_group": r.consumer_group,
+                "queue_name": r.queue,
+                "partition_name": r.partition,
+                "partition_id": r.partition_uuid,
+                "worker_id": r.lease_owner,
+                "offset_lag": r.offset_lag,
+                "time_lag_seconds": r.time_lag_seconds,
+                "lag_hours": r.time_lag_seconds as f64 / 3600.0,
+                "oldest_unconsumed_at": r.oldest_unconsumed_at.map(millis),
+                "last_consumed_at": r.last_consumed_at.map(millis),
+            })
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(body))
+}
+
+fn partition_json(r: &PartitionLag) -> Value {
+    json!({
+        "partition": r.partition,
+        "workerId": r.lease_owner,
+        "lastConsumedAt": r.last_consumed_at.map(millis),
+        "totalConsumed": r.total_consumed,
+        "offsetLag": r.offset_lag,
+        "timeLagSeconds": r.time_lag_seconds,
+        "leaseActive": r.lease_active,
+    })
+}
+
+/// `GET /api/v1/consumer-groups/{group}`: `{queue: {partitions: [...]}}`, `{}` if unknown.
+pub async fn get(
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let group = path.into_inner();
+    let rows = with_db(&state, async {
+        let mut conn = state.pool.acquire().await?;
+        groups::partitions(&mut conn, &group).await
+    })
+    .await?;
+    let mut body = Map::new();
+    for r in &rows {
+        let entry = body
+            .entry(r.queue.clone())
+            .or_insert_with(|| json!({ "partitions": [] }));
+        entry["partitions"]
+            .as_array_mut()
+            .expect("built as an array")
+            .push(partition_json(r));
+    }
+    Ok(HttpResponse::Ok().json(Value::Object(body)))
+}
+
+/// `DELETE /api/v1/consumer-groups/{group}?deleteMetadata=true`.
+pub async fn delete(
+    path: web::Path<String>,
+    query: web::Query<HashMap<String, String>>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let group = path.into_inner();
+    let metadata = delete_metadata(&query);
+    let (rows, _) = with_db(&state, async {
+        let mut conn = state.pool.acquire().await?;
+        groups::delete(&mut conn, &group, None, metadata).await
+    })
+    .await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "success": true,
+        "consumerGroup": group,
+        "deletedPartitions": rows,
+        "metadataDeleted": metadata,
+    })))
+}
+
+/// `DELETE /api/v1/consumer-groups/{group}/queues/{queue}?deleteMetadata=true`.
+pub async fn delete_for_queue(
+    path: web::Path<(String, String)>,
+    query: web::Query<HashMap<String, String>>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let (group, queue) = path.into_inner();
+    let metadata = delete_metadata(&query);
+    let (rows, _) = with_db(&state, async {
+        let mut conn = state.pool.acquire().await?;
+        groups::delete(&mut conn, &group, Some(&queue), metadata).await
+    })
+    .await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "success": true,
+        "consumerGroup": group,
+        "queueName": queue,
+        "deletedPartitions": rows,
+        "metadataDeleted": metadata,
+    })))
+}
+
+/// `POST /api/v1/consumer-groups/{group}/subscription` `{"subscriptionTimestamp": ISO}`.
+pub async fn subscription(
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let group = path.into_inner();
+    let bytes = read_body(&req, payload, state.settings.max_body_bytes).await?;
+    let body = json_body(&bytes, true)?;
+    let text = opt_str(&body, "subscriptionTimestamp").ok_or_else(|| {
+        ApiError::BadRequest("Missing subscriptionTimestamp in request body".into())
+    })?;
+    let from = parse_time(text).ok_or_else(|| {
+        ApiError::BadRequest(format!("subscriptionTimestamp is not ISO-8601: {text:?}"))
+    })?;
+    let rows = with_db(&state, async {
+        let mut conn = state.pool.acquire().await?;
+        groups::set_subscription(&mut conn, &group, from).await
+    })
+    .await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "success": true,
+        "consumerGroup": group,
+        "newTimestamp": millis(from),
+        "rowsUpdated": rows,
+    })))
+}
+
+/// `POST /api/v1/consumer-groups/{group}/queues/{queue}/seek` `{"toEnd": true}` or
+/// `{"timestamp": ISO}`.
+pub async fn seek_queue(
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let (group, queue) = path.into_inner();
+    let bytes = read_body(&req, payload, state.settings.max_body_bytes).await?;
+    let body = json_body(&bytes, true)?;
+    let missing =
+        || ApiError::BadRequest("Must specify either 'toEnd': true or 'timestamp'".into());
+    let target = if body.get("toEnd").and_then(Value::as_bool) == Some(true) {
+        SeekTarget::End
+    } else {
+        let text = opt_str(&body, "timestamp").ok_or_else(missing)?;
+        SeekTarget::At(parse_time(text).ok_or_else(missing)?)
+    };
+    let moved = with_db(&state, async {
+        let mut conn = state.pool.acquire().await?;
+        groups::seek_queue(&mut conn, &group, &queue, target).await
+    })
+    .await?;
+    let (to_end, at) = match target {
+        SeekTarget::End => (true, None),
+        SeekTarget::At(t) => (false, Some(millis(t))),
+    };
+    Ok(HttpResponse::Ok().json(json!({
+        "success": true,
+        "consumerGroup": group,
+        "queueName": queue,
+        "seekToEnd": to_end,
+        "targetTimestamp": at,
+        "partitionsUpdated": moved,
+    })))
+}
+
+/// `POST /api/v1/consumer-groups/{group}/queues/{queue}/partitions/{partition}/seek` (no
+/// body): the group's cursor on that partition moves past its newest message.
+pub async fn seek_partition(
+    path: web::Path<(String, String, String)>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let (group, queue, partition) = path.into_inner();
+    let moved = with_db(&state, async {
+        let mut conn = state.pool.acquire().await?;
+        groups::seek_partition_to_end(&mut conn, &group, &queue, &partition).await
+    })
+    .await?;
+    Ok(match moved {
+        Some(offset) => HttpResponse::Ok().json(json!({
+            "success": true,
+            "consumerGroup": group,
+            "queueName": queue,
+            "partitionName": partition,
+            "updated": true,
+            "cursorMovedTo": offset,
+        })),
+        None => HttpResponse::InternalServerError().json(json!({
+            "success": false,
+            "error": "Partition not found",
+        })),
+    })
+}

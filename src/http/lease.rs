@@ -1,0 +1,53 @@
+//! `POST /api/v1/lease/{leaseId}/extend` (reference §5.3). The body is optional (the Python
+//! SDK sends none): `{"seconds": n}`, default 60. Failures stay 200 with `success: false`.
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::app::AppState;
+use crate::http::ack::json_body;
+use crate::http::body::read_body;
+use crate::http::error::{with_db, ApiError};
+use crate::storage::leases::{self, ExtendError};
+
+/// `seconds` when the body leaves it out.
+const DEFAULT_SECONDS: i64 = 60;
+
+/// `POST /api/v1/lease/{leaseId}/extend`.
+pub async fn extend(
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let lease = path.into_inner();
+    let bytes = read_body(&req, payload, state.settings.max_body_bytes).await?;
+    let body = json_body(&bytes, true)?;
+    let seconds = body
+        .get("seconds")
+        .and_then(Value::as_i64)
+        .filter(|s| *s > 0)
+        .unwrap_or(DEFAULT_SECONDS);
+    let result = match Uuid::parse_str(&lease) {
+        Ok(id) => {
+            with_db(&state, async {
+                let mut conn = state.pool.acquire().await?;
+                leases::extend(&mut conn, id, seconds).await
+            })
+            .await?
+        }
+        Err(_) => Err(ExtendError::NotFound),
+    };
+    let item = match result {
+        Ok(at) => json!({
+            "index": 0, "leaseId": lease, "success": true, "error": null,
+            "expiresAt": at.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+        }),
+        Err(e) => json!({
+            "index": 0, "leaseId": lease, "success": false, "error": e.as_str(),
+            "expiresAt": null,
+        }),
+    };
+    Ok(HttpResponse::Ok().json(vec![item]))
+}

@@ -1,0 +1,362 @@
+//! `GET /api/v1/pop/queue/{queue}`, `.../partition/{partition}` and `GET /api/v1/pop`
+//! (namespace/task): parse the query, run the pop (long-polling with `wait=true`), and write
+//! the messages out with their payloads verbatim (reference §4).
+//!
+//! The handler never decides who gets what: that is `storage::consume`, in PostgreSQL. It
+//! only waits (on the wake hub, with a periodic re-check for lease expiry and delayed
+//! messages) and formats.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use actix_web::http::header;
+use actix_web::{web, HttpResponse};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use uuid::Uuid;
+
+use crate::app::AppState;
+use crate::http::error::{with_db, ApiError};
+use crate::storage::consume::{self, PopRequest, Popped, SubscriptionStart, QUEUE_MODE};
+use crate::wake::WakeKey;
+
+/// `batch` when the query leaves it out (Queen's `DEFAULT_BATCH_SIZE`).
+pub const DEFAULT_BATCH: usize = 1;
+/// `timeout` in ms when the query leaves it out (Queen's `DEFAULT_TIMEOUT`).
+pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
+/// A waiting pop re-reads PostgreSQL at least this often (lease expiry and delayed messages
+/// make messages available without a push).
+const RECHECK: Duration = Duration::from_millis(1_000);
+/// How long the pop-maintenance flag is trusted before it is read again.
+const PAUSE_REFRESH: Duration = Duration::from_secs(1);
+
+/// The pop-maintenance flag (`queen.system_state` key `pop_maintenance_mode`), read at most
+/// once per [`PAUSE_REFRESH`]; when the read fails the last known value stands.
+#[derive(Default)]
+pub struct PopPause {
+    paused: AtomicBool,
+    checked: Mutex<Option<Instant>>,
+}
+
+impl PopPause {
+    async fn paused(&self, state: &AppState) -> bool {
+        let stale = {
+            let mut checked = self.checked.lock().expect("pop pause lock poisoned");
+            let stale = checked.is_none_or(|at| at.elapsed() >= PAUSE_REFRESH);
+            if stale {
+                // Whoever sees it stale first refreshes; the others use the last value.
+                *checked = Some(Instant::now());
+            }
+            stale
+        };
+        if stale {
+            let read = tokio::time::timeout(Duration::from_millis(500), async {
+                let mut conn = state.pool.acquire().await?;
+                consume::pop_paused(&mut conn).await
+            })
+            .await;
+            if let Ok(Ok(paused)) = read {
+                self.paused.store(paused, Ordering::Relaxed);
+            }
+        }
+        self.paused.load(Ordering::Relaxed)
+    }
+}
+
+/// The query of the three pop routes, interpreted as Queen does (§1, §4.2).
+#[derive(Debug, Clone)]
+struct PopParams {
+    batch: usize,
+    partitions: usize,
+    wait: bool,
+    timeout: Duration,
+    group: String,
+    auto_ack: bool,
+    start: SubscriptionStart,
+    namespace: Option<String>,
+    task: Option<String>,
+}
+
+fn flag(q: &HashMap<String, String>, key: &str) -> bool {
+    matches!(q.get(key).map(String::as_str), Some("true" | "1"))
+}
+
+fn int<T: std::str::FromStr>(q: &HashMap<String, String>, key: &str, default: T) -> T {
+    q.get(key)
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(default)
+}
+
+impl PopParams {
+    fn parse(q: &HashMap<String, String>) -> Self {
+        let group = q
+            .get("consumerGroup")
+            .filter(|g| !g.is_empty())
+            .cloned()
+            .unwrap_or_else(|| QUEUE_MODE.to_string());
+        let mode = q.get("subscriptionMode").map(String::as_str).unwrap_or("");
+        let from = q.get("subscriptionFrom").map(String::as_str).unwrap_or("");
+        let start = if from == "now" || mode == "new" || mode == "new-only" {
+            SubscriptionStart::New
+        } else if let Ok(t) = DateTime::parse_from_rfc3339(from) {
+            SubscriptionStart::From(t.with_timezone(&Utc))
+        } else {
+            SubscriptionStart::All
+        };
+        Self {
+            batch: int::<i64>(q, "batch", DEFAULT_BATCH as i64).max(1) as usize,
+            partitions: int::<i64>(q, "partitions", 1).max(1) as usize,
+            wait: flag(q, "wait"),
+            timeout: Duration::from_millis(int(q, "timeout", DEFAULT_TIMEOUT_MS)),
+            group,
+            auto_ack: flag(q, "autoAck"),
+            start,
+            namespace: q.get("namespace").filter(|v| !v.is_empty()).cloned(),
+            task: q.get("task").filter(|v| !v.is_empty()).cloned(),
+        }
+    }
+}
+
+/// Where a pop looks.
+enum Source {
+    Queue(String),
+    Partition(String, String),
+    Matching(Option<String>, Option<String>),
+}
+
+/// `GET /api/v1/pop/queue/{queue}`.
+pub async fn pop_queue(
+    path: web::Path<String>,
+    query: web::Query<HashMap<String, String>>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    serve(
+        &state,
+        &PopParams::parse(&query),
+        Source::Queue(path.into_inner()),
+    )
+    .await
+}
+
+/// `GET /api/v1/pop/queue/{queue}/partition/{partition}`.
+pub async fn pop_partition(
+    path: web::Path<(String, String)>,
+    query: web::Query<HashMap<String, String>>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let (queue, partition) = path.into_inner();
+    serve(
+        &state,
+        &PopParams::parse(&query),
+        Source::Partition(queue, partition),
+    )
+    .await
+}
+
+/// `GET /api/v1/pop?namespace=..&task=..` (§4.7): the first matching queue that yields.
+pub async fn pop_matching(
+    query: web::Query<HashMap<String, String>>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let params = PopParams::parse(&query);
+    let source = Source::Matching(params.namespace.clone(), params.task.clone());
+    serve(&state, &params, source).await
+}
+
+/// Runs pop attempts until one yields, or once without `wait`, or until the timeout.
+async fn serve(
+    state: &AppState,
+    params: &PopParams,
+    source: Source,
+) -> Result<HttpResponse, ApiError> {
+    if state.pop_pause.paused(state).await {
+        return Ok(HttpResponse::NoContent().finish());
+    }
+    let deadline = Instant::now() + params.timeout;
+    let key = match &source {
+        Source::Queue(q) => WakeKey::Queue(q.clone()),
+        Source::Partition(q, p) => WakeKey::Partition(q.clone(), p.clone()),
+        Source::Matching(..) => WakeKey::Any,
+    };
+    let waiter = state.wake.subscribe(key);
+    loop {
+        // Enabled before PostgreSQL is read, so a push committing in between still wakes us.
+        let notified = waiter.notify().notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+
+        let popped = with_db(state, async {
+            let mut conn = state.pool.acquire().await?;
+            let (queue, partition) = match &source {
+                Source::Queue(q) => (q.as_str(), None),
+                Source::Partition(q, p) => (q.as_str(), Some(p.as_str())),
+                Source::Matching(..) => ("", None),
+            };
+            let req = PopRequest {
+                queue,
+                partition,
+                group: &params.group,
+                batch: params.batch,
+                partitions: params.partitions,
+                auto_ack: params.auto_ack,
+                start: params.start.clone(),
+                owner: &state.broker_id,
+            };
+            match &source {
+                Source::Matching(ns, task) => {
+                    consume::pop_matching(&mut conn, ns.as_deref(), task.as_deref(), &req).await
+                }
+                _ => consume::pop(&mut conn, &req).await,
+            }
+        })
+        .await?;
+        if let Some(popped) = popped {
+            return respond(&popped, &params.group);
+        }
+        let now = Instant::now();
+        if !params.wait || now >= deadline {
+            return Ok(HttpResponse::NoContent().finish());
+        }
+        let _ = tokio::time::timeout((deadline - now).min(RECHECK), notified).await;
+    }
+}
+
+/// One popped message on the wire (§4.3).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Message<'a> {
+    id: Uuid,
+    transaction_id: &'a str,
+    partition_id: Uuid,
+    partition: &'a str,
+    queue: &'a str,
+    lease_id: &'a str,
+    consumer_group: &'a str,
+    created_at: String,
+    data: &'a RawValue,
+    producer_sub: Option<&'a str>,
+    trace_id: Option<&'a str>,
+    retry_count: i32,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Body<'a> {
+    success: bool,
+    queue: &'a str,
+    partition: &'a str,
+    partition_id: Uuid,
+    lease_id: &'a str,
+    consumer_group: &'a str,
+    messages: Vec<Message<'a>>,
+    partitions_claimed: usize,
+}
+
+/// Arrival time as the pop route writes it: microseconds, UTC, `Z`.
+pub fn micros_iso(micros: i64) -> String {
+    DateTime::from_timestamp_micros(micros)
+        .unwrap_or_default()
+        .format("%Y-%m-%dT%H:%M:%S%.6fZ")
+        .to_string()
+}
+
+fn respond(popped: &Popped, group: &str) -> Result<HttpResponse, ApiError> {
+    let lease = popped.lease_id.map(|l| l.to_string()).unwrap_or_default();
+    let first = popped
+        .deliveries
+        .first()
+        .expect("a pop that yielded has a delivery");
+    let mut messages = Vec::new();
+    let mut decoded = Vec::with_capacity(popped.deliveries.len());
+    for d in &popped.deliveries {
+        let frames = d
+            .frames()
+            .map_err(|e| ApiError::Database(sqlx::Error::Protocol(e.to_string())))?;
+        decoded.push((d, frames));
+    }
+    for (d, frames) in &decoded {
+        for f in frames {
+            // The payload was validated JSON when pushed; it is written out as stored.
+            let data: &RawValue = serde_json::from_str(f.payload).map_err(|e| {
+                ApiError::Database(sqlx::Error::Protocol(format!("stored payload: {e}")))
+            })?;
+            messages.push(Message {
+                id: f.id,
+                transaction_id: f.transaction_id,
+                partition_id: d.partition_uuid,
+                partition: &d.partition,
+                queue: &popped.queue,
+                lease_id: &lease,
+                consumer_group: group,
+                created_at: micros_iso(f.created_at_micros),
+                data,
+                producer_sub: f.producer_sub,
+                trace_id: f.trace_id,
+                retry_count: d.retry_count,
+            });
+        }
+    }
+    let body = Body {
+        success: true,
+        queue: &popped.queue,
+        partition: &first.partition,
+        partition_id: first.partition_uuid,
+        lease_id: &lease,
+        consumer_group: group,
+        messages,
+        partitions_claimed: popped.deliveries.len(),
+    };
+    let bytes = serde_json::to_vec(&body).expect("pop body serialises");
+    Ok(HttpResponse::Ok()
+        .insert_header((header::CONTENT_TYPE, "application/json"))
+        .body(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn query_is_read_the_way_queen_reads_it() {
+        let p = PopParams::parse(&q(&[]));
+        assert_eq!(
+            (p.batch, p.partitions, p.wait, p.auto_ack),
+            (1, 1, false, false)
+        );
+        assert_eq!(p.group, QUEUE_MODE);
+        assert_eq!(p.timeout, Duration::from_millis(30_000));
+        let p = PopParams::parse(&q(&[
+            ("batch", "0"),
+            ("wait", "1"),
+            ("autoAck", "yes"),
+            ("timeout", "abc"),
+            ("consumerGroup", "g"),
+            ("subscriptionMode", "new-only"),
+        ]));
+        assert_eq!((p.batch, p.wait, p.auto_ack), (1, true, false));
+        assert_eq!(p.timeout, Duration::from_millis(30_000));
+        assert_eq!(p.start, SubscriptionStart::New);
+        let p = PopParams::parse(&q(&[("subscriptionFrom", "2024-01-02T03:04:05Z")]));
+        assert!(matches!(p.start, SubscriptionStart::From(_)));
+        let p = PopParams::parse(&q(&[("subscriptionFrom", "yesterday")]));
+        assert_eq!(p.start, SubscriptionStart::All);
+    }
+
+    #[test]
+    fn created_at_has_six_fraction_digits_and_z() {
+        assert_eq!(
+            micros_iso(1_700_000_000_123_456),
+            "2023-11-14T22:13:20.123456Z"
+        );
+    }
+}

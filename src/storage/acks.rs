@@ -1,0 +1,403 @@
+//! Acks: an ack is an offset commit of a consumer group on a partition.
+//!
+//! An ack names (partition, transactionId). The message is found inside the offset range of
+//! the group's last lease on that partition (its segments), never through a global index, so
+//! this works with dedup off. `completed` moves the committed offset past the message (never
+//! backwards); `failed` releases the lease for a redelivery, counting one retry per batch,
+//! until the queue's retry limit, then dead-letters; `retry` releases without counting; `dlq`
+//! dead-letters at once. When the committed offset reaches the end of the leased range, the
+//! lease is released and the retry counter resets.
+//!
+//! Every function here runs inside the caller's transaction and locks the (partition, group)
+//! rows in (partition id, group) order, so concurrent ack batches never deadlock.
+
+use std::collections::{BTreeMap, HashMap};
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::storage::consume::read_range;
+use crate::storage::dlq::{self, DeadLetter};
+use crate::storage::frames;
+
+/// What the consumer says about a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckStatus {
+    /// `completed` or `success`.
+    Completed,
+    /// `failed`: retry, or dead-letter once retries are exhausted.
+    Failed,
+    /// `dlq`: dead-letter now.
+    Dlq,
+    /// `retry`: release the lease, redeliver, no retry counted.
+    Retry,
+    /// Anything else.
+    Unknown,
+}
+
+impl AckStatus {
+    /// Parses the wire value (absent = `completed`).
+    pub fn parse(status: Option<&str>) -> Self {
+        match status {
+            None | Some("completed") | Some("success") => Self::Completed,
+            Some("failed") => Self::Failed,
+            Some("dlq") => Self::Dlq,
+            Some("retry") => Self::Retry,
+            Some(_) => Self::Unknown,
+        }
+    }
+}
+
+/// How failures are treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckMode {
+    /// `/ack`, `/ack/batch`: `failed` retries up to the queue's retry limit.
+    Consume,
+    /// `/transaction`: `failed` and `dlq` dead-letter at once (no retry budget).
+    Transaction,
+}
+
+/// One ack.
+#[derive(Debug, Clone)]
+pub struct Ack {
+    /// Position in the request.
+    pub index: usize,
+    /// Partition id on the wire.
+    pub partition: Uuid,
+    /// The message's transactionId.
+    pub transaction_id: String,
+    /// Status.
+    pub status: AckStatus,
+    /// Consumer group.
+    pub group: String,
+    /// Lease the consumer claims to hold (checked when given).
+    pub lease_id: Option<String>,
+    /// Reason, stored with a dead letter.
+    pub error: Option<String>,
+}
+
+/// The result of one ack.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AckOutcome {
+    /// Position in the request.
+    pub index: usize,
+    /// The message's transactionId.
+    pub transaction_id: String,
+    /// Whether the ack was applied.
+    pub success: bool,
+    /// Why not.
+    pub error: Option<String>,
+    /// Queue of the partition, when it exists.
+    pub queue_name: Option<String>,
+    /// Partition name, when it exists.
+    pub partition_name: Option<String>,
+    /// This ack released the lease.
+    pub lease_released: bool,
+    /// This ack dead-lettered the message.
+    pub dlq: bool,
+}
+
+/// Text of an ack whose message is not in the lease's range.
+pub const NOT_FOUND: &str = "Message not found";
+/// Text of an ack naming a lease that is not the live one.
+pub const BAD_LEASE: &str = "Invalid or expired lease";
+
+struct PartitionInfo {
+    id: i64,
+    name: String,
+    queue: String,
+    retry_limit: i32,
+    next_offset: i64,
+}
+
+#[derive(sqlx::FromRow)]
+struct ConsumerRow {
+    committed_offset: i64,
+    lease_id: Option<Uuid>,
+    live: Option<bool>,
+    leased_from: Option<i64>,
+    leased_to: Option<i64>,
+    batch_retry_count: i32,
+    retry_lease_id: Option<Uuid>,
+}
+
+/// Applies `acks` inside the caller's transaction; one outcome per ack, in `acks` order.
+///
+/// # Errors
+///
+/// Any database error (the caller rolls back).
+pub async fn apply(
+    conn: &mut PgConnection,
+    acks: &[Ack],
+    mode: AckMode,
+) -> sqlx::Result<Vec<AckOutcome>> {
+    let mut outcomes: Vec<AckOutcome> = acks
+        .iter()
+        .map(|a| AckOutcome {
+            index: a.index,
+            transaction_id: a.transaction_id.clone(),
+            success: false,
+            error: Some(NOT_FOUND.into()),
+            queue_name: None,
+            partition_name: None,
+            lease_released: false,
+            dlq: false,
+        })
+        .collect();
+    let mut uuids: Vec<Uuid> = acks.iter().map(|a| a.partition).collect();
+    uuids.sort_unstable();
+    uuids.dedup();
+    let rows: Vec<(Uuid, i64, String, String, i32, i64)> = sqlx::query_as(
+        "SELECT p.uuid, p.id, p.name, q.name, q.retry_limit, p.next_offset
+           FROM queen.partitions p
+           JOIN queen.queues q ON q.id = p.queue_id
+          WHERE p.uuid = ANY($1)",
+    )
+    .bind(&uuids)
+    .fetch_all(&mut *conn)
+    .await?;
+    let ids: HashMap<Uuid, i64> = rows.iter().map(|r| (r.0, r.1)).collect();
+    let partitions: HashMap<i64, PartitionInfo> = rows
+        .into_iter()
+        .map(|(_, id, name, queue, retry_limit, next_offset)| {
+            (
+                id,
+                PartitionInfo {
+                    id,
+                    name,
+                    queue,
+                    retry_limit,
+                    next_offset,
+                },
+            )
+        })
+        .collect();
+
+    // (partition id, group) → positions in `acks`; BTreeMap = the lock order.
+    let mut groups: BTreeMap<(i64, &str), Vec<usize>> = BTreeMap::new();
+    for (n, ack) in acks.iter().enumerate() {
+        if let Some(p) = ids.get(&ack.partition).map(|id| &partitions[id]) {
+            outcomes[n].queue_name = Some(p.queue.clone());
+            outcomes[n].partition_name = Some(p.name.clone());
+            groups.entry((p.id, &ack.group)).or_default().push(n);
+        }
+    }
+    for ((pid, group), members) in groups {
+        let info = &partitions[&pid];
+        apply_group(conn, info, group, acks, &members, mode, &mut outcomes).await?;
+    }
+    Ok(outcomes)
+}
+
+async fn apply_group(
+    conn: &mut PgConnection,
+    info: &PartitionInfo,
+    group: &str,
+    acks: &[Ack],
+    members: &[usize],
+    mode: AckMode,
+    outcomes: &mut [AckOutcome],
+) -> sqlx::Result<()> {
+    let row: Option<ConsumerRow> = sqlx::query_as(
+        "SELECT committed_offset, lease_id, lease_expires_at > now() AS live,
+                leased_from, leased_to, batch_retry_count, retry_lease_id
+           FROM queen.partition_consumers
+          WHERE partition_id = $1 AND consumer_group = $2
+            FOR UPDATE",
+    )
+    .bind(info.id)
+    .bind(group)
+    .fetch_optional(&mut *conn)
+    .await?;
+    // A group that never received anything from this partition has nothing to ack.
+    let Some(row) = row else { return Ok(()) };
+    let (Some(from), Some(to)) = (row.leased_from, row.leased_to) else {
+        return Ok(());
+    };
+
+    // The messages of the last lease, by transactionId (first occurrence wins). Acks mostly
+    // arrive in order, so the segment holding the committed offset is read first, and the
+    // whole leased range only when some acked message is not in it.
+    let first_unacked = row.committed_offset.clamp(from, (to - 1).max(from));
+    let (mut segments, _) = read_range(conn, info.id, first_unacked, 1, info.next_offset).await?;
+    let wanted: Vec<&str> = members
+        .iter()
+        .map(|&n| acks[n].transaction_id.as_str())
+        .collect();
+    if !holds_all(&segments, from, to, &wanted, info.id)? {
+        segments = read_range(conn, info.id, from, to - from, info.next_offset)
+            .await?
+            .0;
+    }
+    let mut decoded = Vec::with_capacity(segments.len());
+    for (base, bytes) in &segments {
+        let frames = frames::decode(bytes)
+            .map_err(|e| sqlx::Error::Protocol(format!("partition {}: {e}", info.id)))?;
+        decoded.push((*base, frames));
+    }
+    let mut by_txn: HashMap<&str, (i64, &frames::Frame<'_>)> = HashMap::new();
+    for (base, frames) in &decoded {
+        for (n, frame) in frames.iter().enumerate() {
+            let offset = base + n as i64;
+            if offset >= from && offset < to {
+                by_txn
+                    .entry(frame.transaction_id)
+                    .or_insert((offset, frame));
+            }
+        }
+    }
+
+    let live = row.live == Some(true);
+    let mut committed = row.committed_offset;
+    let mut retry_count = row.batch_retry_count;
+    let mut retry_lease = row.retry_lease_id;
+    let mut release = false;
+    let mut released_by: Option<usize> = None;
+    let mut dead = Vec::new();
+
+    let mut located: Vec<(i64, usize)> = Vec::with_capacity(members.len());
+    for &n in members {
+        let ack = &acks[n];
+        if let Some(claimed) = &ack.lease_id {
+            let holds = live && row.lease_id.is_some_and(|l| l.to_string() == *claimed);
+            if !holds {
+                outcomes[n].error = Some(BAD_LEASE.into());
+                continue;
+            }
+        }
+        match by_txn.get(ack.transaction_id.as_str()) {
+            Some(&(offset, _)) => located.push((offset, n)),
+            None => outcomes[n].error = Some(NOT_FOUND.into()),
+        }
+    }
+    // Oldest first, so the committed offset only moves forward.
+    located.sort_unstable();
+
+    for (offset, n) in located {
+        let ack = &acks[n];
+        let out = &mut outcomes[n];
+        out.error = None;
+        out.success = true;
+        let dead_letter = match (ack.status, mode) {
+            (AckStatus::Completed, _) => {
+                committed = committed.max(offset + 1);
+                false
+            }
+            (AckStatus::Retry, AckMode::Consume) => {
+                release = true;
+                released_by.get_or_insert(n);
+                false
+            }
+            (AckStatus::Failed, AckMode::Consume) => {
+                if retry_lease.is_some() && retry_lease == row.lease_id {
+                    // This batch's failure was already counted.
+                    release = true;
+                    released_by.get_or_insert(n);
+                    false
+                } else if retry_count < info.retry_limit {
+                    retry_count += 1;
+                    retry_lease = row.lease_id;
+                    release = true;
+                    released_by.get_or_insert(n);
+                    false
+                } else {
+                    true
+                }
+            }
+            (AckStatus::Dlq, _) | (AckStatus::Failed, AckMode::Transaction) => true,
+            (AckStatus::Retry | AckStatus::Unknown, _) => {
+                out.success = false;
+                false
+            }
+        };
+        if dead_letter {
+            let (_, frame) = by_txn[ack.transaction_id.as_str()];
+            dead.push(DeadLetter {
+                partition_id: info.id,
+                group: group.to_string(),
+                offset,
+                message_id: frame.id,
+                transaction_id: frame.transaction_id.to_string(),
+                trace_id: frame.trace_id.map(str::to_string),
+                producer_sub: frame.producer_sub.map(str::to_string),
+                payload: frame.payload.to_string(),
+                created_at_micros: frame.created_at_micros,
+                error: Some(
+                    ack.error
+                        .clone()
+                        .unwrap_or_else(|| "Retries exhausted".to_string()),
+                ),
+                retry_count,
+            });
+            out.dlq = true;
+            committed = committed.max(offset + 1);
+            if mode == AckMode::Transaction {
+                release = true;
+                released_by.get_or_insert(n);
+            }
+        }
+    }
+    if committed >= to {
+        // The whole leased batch is settled: the lease ends and the batch counter resets.
+        release = true;
+        retry_count = 0;
+        retry_lease = None;
+        if released_by.is_none() {
+            released_by = members.iter().copied().rfind(|&n| outcomes[n].success);
+        }
+    }
+    if live && release {
+        if let Some(n) = released_by {
+            outcomes[n].lease_released = true;
+        }
+    }
+    dlq::insert(conn, &dead).await?;
+    sqlx::query(
+        "UPDATE queen.partition_consumers
+            SET committed_offset = $3,
+                lease_expires_at = CASE WHEN $4 THEN NULL ELSE lease_expires_at END,
+                attention_at = CASE
+                    WHEN NOT $4 THEN attention_at
+                    WHEN $3 < (SELECT next_offset FROM queen.partitions WHERE id = $1) THEN now()
+                    ELSE NULL
+                END,
+                batch_retry_count = $5,
+                retry_lease_id = $6,
+                last_consumed_at = CASE WHEN $7 > 0 THEN now() ELSE last_consumed_at END,
+                total_consumed = total_consumed + $7
+          WHERE partition_id = $1 AND consumer_group = $2",
+    )
+    .bind(info.id)
+    .bind(group)
+    .bind(committed)
+    .bind(release)
+    .bind(retry_count)
+    .bind(retry_lease)
+    .bind(committed - row.committed_offset)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Whether every transactionId of `wanted` is among the messages of `segments` inside
+/// `from .. to`.
+fn holds_all(
+    segments: &[(i64, Vec<u8>)],
+    from: i64,
+    to: i64,
+    wanted: &[&str],
+    partition_id: i64,
+) -> sqlx::Result<bool> {
+    let mut present = std::collections::HashSet::new();
+    for (base, bytes) in segments {
+        let frames = frames::decode(bytes)
+            .map_err(|e| sqlx::Error::Protocol(format!("partition {partition_id}: {e}")))?;
+        for (n, frame) in frames.iter().enumerate() {
+            let offset = base + n as i64;
+            if offset >= from && offset < to {
+                present.insert(frame.transaction_id.to_string());
+            }
+        }
+    }
+    Ok(wanted.iter().all(|t| present.contains(*t)))
+}

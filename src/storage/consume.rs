@@ -1,0 +1,786 @@
+//! The pop: find a partition with messages for a consumer group, claim it under a lease, and
+//! read its next messages by offset range from whole segments.
+//!
+//! Correctness lives in PostgreSQL, never in broker memory: a claim is one conditional
+//! statement on the (partition, group) row (`lease_expires_at` unset or past), so two consumers
+//! of a group never hold one partition at once, on one broker or many.
+//!
+//! A queue-level pop must not scan every partition. It looks in two places, both indexed:
+//! - rows of the group whose lease ran out (`lease_expires_at <= now()`; a release sets it to
+//!   NULL) or that asked for attention (`attention_at <= now()`: a release that left messages
+//!   behind, a delayed message now visible);
+//! - partitions written since the group's watermark, in write order
+//!   (`partitions (queue_id, last_write_xid, id)`). The watermark only moves past a partition
+//!   whose write is older than the scan snapshot's xmin and that was caught up, claimed by this
+//!   scan, or leased with nothing beyond its lease; anything written later has a larger id.
+//!
+//! This module never talks HTTP: it returns segments and offset ranges, and the HTTP layer
+//! writes the payloads out verbatim.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::storage::frames::{self, Frame, FrameError};
+
+/// The consumer-group name meaning "no group" (one shared cursor).
+pub const QUEUE_MODE: &str = "__QUEUE_MODE__";
+
+/// Partitions examined per statement of the write-order scan.
+const SCAN_CHUNK: i64 = 1_000;
+
+/// Attention rows examined per pop.
+const ATTENTION_ROWS: i64 = 64;
+
+/// Where a named group starts on a queue it has never popped from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SubscriptionStart {
+    /// From the oldest retained message.
+    All,
+    /// From the first pop's time on.
+    New,
+    /// From this time on.
+    From(DateTime<Utc>),
+}
+
+/// One pop call.
+#[derive(Clone, Debug)]
+pub struct PopRequest<'a> {
+    /// Queue name.
+    pub queue: &'a str,
+    /// Partition name (partition route), or any partition.
+    pub partition: Option<&'a str>,
+    /// Consumer group ([`QUEUE_MODE`] for none).
+    pub group: &'a str,
+    /// Most messages returned, across partitions (≥ 1).
+    pub batch: usize,
+    /// Most partitions claimed (≥ 1).
+    pub partitions: usize,
+    /// Commit the cursor at delivery instead of leasing.
+    pub auto_ack: bool,
+    /// First-contact start of a named group.
+    pub start: SubscriptionStart,
+    /// This broker's id, recorded as the lease owner.
+    pub owner: &'a str,
+}
+
+/// Messages handed out from one partition: offsets `first_offset .. first_offset + count`.
+#[derive(Debug)]
+pub struct Delivery {
+    /// Partition database id.
+    pub partition_id: i64,
+    /// Partition id on the wire.
+    pub partition_uuid: Uuid,
+    /// Partition name.
+    pub partition: String,
+    /// Offset of the first message.
+    pub first_offset: i64,
+    /// Number of messages.
+    pub count: usize,
+    /// The group's batch retry counter on this partition.
+    pub retry_count: i32,
+    segments: Vec<(i64, Vec<u8>)>,
+}
+
+impl Delivery {
+    /// The delivered messages, in offset order, borrowing from the segments.
+    ///
+    /// # Errors
+    ///
+    /// [`FrameError`] when a segment does not decode.
+    pub fn frames(&self) -> Result<Vec<Frame<'_>>, FrameError> {
+        let mut out = Vec::with_capacity(self.count);
+        let end = self.first_offset + self.count as i64;
+        for (base, bytes) in &self.segments {
+            for (n, frame) in frames::decode(bytes)?.into_iter().enumerate() {
+                let offset = base + n as i64;
+                if offset >= self.first_offset && offset < end {
+                    out.push(frame);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The result of a pop that found messages.
+#[derive(Debug)]
+pub struct Popped {
+    /// Queue name.
+    pub queue: String,
+    /// The lease shared by every claimed partition (`None` with autoAck).
+    pub lease_id: Option<Uuid>,
+    /// One entry per claimed partition, in claim order.
+    pub deliveries: Vec<Delivery>,
+}
+
+/// The queue options pop needs.
+#[derive(Debug, Clone)]
+struct QueueInfo {
+    id: i64,
+    name: String,
+    lease_secs: i32,
+    delay_secs: i32,
+    window_secs: i32,
+}
+
+/// A group's subscription on a queue.
+#[derive(Debug, Clone)]
+struct Subscription {
+    from: Option<DateTime<Utc>>,
+    scan: (i64, i64),
+}
+
+/// A partition as a pop sees it, with the group's state on it.
+#[derive(Debug, sqlx::FromRow)]
+struct Candidate {
+    id: i64,
+    uuid: Uuid,
+    name: String,
+    next_offset: i64,
+    last_write_at: Option<DateTime<Utc>>,
+    last_write_xid: i64,
+    committed: Option<i64>,
+    leased: Option<bool>,
+    leased_to: Option<i64>,
+    db_now: DateTime<Utc>,
+    /// The scan snapshot's xmin ([`SCAN_SQL`] only).
+    #[sqlx(default)]
+    xmin: Option<i64>,
+}
+
+enum Class {
+    /// Nothing to hand out now, and nothing that needs this partition looked at again until
+    /// it is written or its consumer row asks for attention.
+    Settled,
+    /// Not available now and must be looked at again (held by a lease with messages beyond
+    /// it, or inside its window buffer).
+    Blocked,
+    /// Has messages and no live lease.
+    Candidate,
+}
+
+enum Take {
+    /// Claimed; the delivery was added to the pop's list.
+    Taken,
+    /// Someone else holds the lease.
+    Lost,
+    /// Claimed, nothing deliverable, released again.
+    Empty,
+}
+
+/// Pops per `req`; `None` when nothing is available.
+///
+/// # Errors
+///
+/// Any database error, or a segment that does not decode.
+pub async fn pop(conn: &mut PgConnection, req: &PopRequest<'_>) -> sqlx::Result<Option<Popped>> {
+    let Some((queue, sub)) = open(conn, req.queue, req.group, &req.start).await? else {
+        return Ok(None);
+    };
+    pop_from(conn, req, &queue, &sub).await
+}
+
+/// Pops from the queues whose namespace and/or task match (either `None` = any), highest
+/// priority first; the first queue that yields wins.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn pop_matching(
+    conn: &mut PgConnection,
+    namespace: Option<&str>,
+    task: Option<&str>,
+    req: &PopRequest<'_>,
+) -> sqlx::Result<Option<Popped>> {
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT name
+           FROM queen.queues
+          WHERE ($1::text IS NULL OR namespace = $1)
+            AND ($2::text IS NULL OR task = $2)
+          ORDER BY priority DESC, name",
+    )
+    .bind(namespace)
+    .bind(task)
+    .fetch_all(&mut *conn)
+    .await?;
+    for name in names {
+        let one = PopRequest {
+            queue: &name,
+            partition: None,
+            ..req.clone()
+        };
+        if let Some(popped) = pop(conn, &one).await? {
+            return Ok(Some(popped));
+        }
+    }
+    Ok(None)
+}
+
+async fn pop_from(
+    conn: &mut PgConnection,
+    req: &PopRequest<'_>,
+    queue: &QueueInfo,
+    sub: &Subscription,
+) -> sqlx::Result<Option<Popped>> {
+    let lease_id = Uuid::now_v7();
+    let mut pop = Collect {
+        req,
+        queue,
+        sub,
+        lease_id,
+        remaining: req.batch.max(1),
+        slots: req.partitions.max(1),
+        deliveries: Vec::new(),
+    };
+    match req.partition {
+        Some(name) => {
+            pop.slots = 1;
+            let row: Option<Candidate> = sqlx::query_as(&format!(
+                "{CANDIDATE_COLUMNS}
+                  WHERE p.queue_id = $1 AND p.name = $3"
+            ))
+            .bind(queue.id)
+            .bind(req.group)
+            .bind(name)
+            .fetch_optional(&mut *conn)
+            .await?;
+            if let Some(row) = row {
+                if matches!(pop.classify(&row), Class::Candidate) {
+                    pop.take(conn, &row).await?;
+                }
+            }
+        }
+        None => pop.scan_queue(conn).await?,
+    }
+    if pop.deliveries.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Popped {
+        queue: queue.name.clone(),
+        lease_id: (!req.auto_ack).then_some(lease_id),
+        deliveries: pop.deliveries,
+    }))
+}
+
+/// The columns of [`Candidate`], joined for the group in `$2`; callers add WHERE/ORDER.
+const CANDIDATE_COLUMNS: &str =
+    "SELECT p.id, p.uuid, p.name, p.next_offset, p.last_write_at, p.last_write_xid,
+        c.committed_offset AS committed,
+        c.lease_expires_at > now() AS leased,
+        c.leased_to,
+        now() AS db_now
+   FROM queen.partitions p
+   LEFT JOIN queen.partition_consumers c
+     ON c.partition_id = p.id AND c.consumer_group = $2";
+
+/// The write-order scan of the queue-level pop: partitions of queue `$1` written at or after
+/// the watermark `($3, $4)`, oldest write first, with the group `$2`'s state, at most `$5`.
+/// Served by the index `partitions_write_order`; public so tests can EXPLAIN it.
+pub const SCAN_SQL: &str =
+    "SELECT p.id, p.uuid, p.name, p.next_offset, p.last_write_at, p.last_write_xid,
+        c.committed_offset AS committed,
+        c.lease_expires_at > now() AS leased,
+        c.leased_to,
+        now() AS db_now,
+        (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8) AS xmin
+   FROM queen.partitions p
+   LEFT JOIN queen.partition_consumers c
+     ON c.partition_id = p.id AND c.consumer_group = $2
+  WHERE p.queue_id = $1
+    AND (p.last_write_xid, p.id) >= ($3, $4)
+  ORDER BY p.last_write_xid, p.id
+  LIMIT $5";
+
+struct Collect<'r, 'a> {
+    req: &'r PopRequest<'a>,
+    queue: &'r QueueInfo,
+    sub: &'r Subscription,
+    lease_id: Uuid,
+    remaining: usize,
+    slots: usize,
+    deliveries: Vec<Delivery>,
+}
+
+impl Collect<'_, '_> {
+    fn done(&self) -> bool {
+        self.remaining == 0 || self.deliveries.len() >= self.slots
+    }
+
+    fn classify(&self, row: &Candidate) -> Class {
+        let start = match row.committed {
+            Some(c) => c,
+            None => {
+                // A partition the group never touched, written only before its subscription.
+                if let (Some(from), Some(written)) = (self.sub.from, row.last_write_at) {
+                    if written < from {
+                        return Class::Settled;
+                    }
+                }
+                0
+            }
+        };
+        if start >= row.next_offset {
+            return Class::Settled;
+        }
+        if row.leased == Some(true) {
+            // A release computes its follow-up from what it sees; messages that arrived
+            // beyond the lease may be invisible to it, so this partition must be seen again.
+            return match row.leased_to {
+                Some(to) if row.next_offset <= to => Class::Settled,
+                _ => Class::Blocked,
+            };
+        }
+        if self.queue.window_secs > 0 {
+            if let Some(written) = row.last_write_at {
+                if written + chrono::Duration::seconds(self.queue.window_secs.into()) > row.db_now {
+                    return Class::Blocked;
+                }
+            }
+        }
+        Class::Candidate
+    }
+
+    /// Attention rows first, then the write-order scan from the watermark.
+    async fn scan_queue(&mut self, conn: &mut PgConnection) -> sqlx::Result<()> {
+        let rows: Vec<Candidate> = sqlx::query_as(&format!(
+            "{CANDIDATE_COLUMNS}
+              WHERE p.id IN ((SELECT a.partition_id
+                                FROM queen.partition_consumers a
+                               WHERE a.queue_id = $1
+                                 AND a.consumer_group = $2
+                                 AND a.lease_expires_at <= now()
+                               ORDER BY a.lease_expires_at
+                               LIMIT $3)
+                             UNION ALL
+                             (SELECT a.partition_id
+                                FROM queen.partition_consumers a
+                               WHERE a.queue_id = $1
+                                 AND a.consumer_group = $2
+                                 AND a.attention_at <= now()
+                               ORDER BY a.attention_at
+                               LIMIT $3))"
+        ))
+        .bind(self.queue.id)
+        .bind(self.req.group)
+        .bind(ATTENTION_ROWS)
+        .fetch_all(&mut *conn)
+        .await?;
+        for row in &rows {
+            if self.done() {
+                return Ok(());
+            }
+            match self.classify(row) {
+                Class::Settled => clear_attention(conn, row.id, self.req.group).await?,
+                Class::Blocked => {}
+                Class::Candidate => {
+                    self.take(conn, row).await?;
+                }
+            }
+        }
+
+        let mut cursor = self.sub.scan;
+        let mut first_unpassed: Option<(i64, i64)> = None;
+        let mut last_seen: Option<(i64, i64)> = None;
+        while !self.done() {
+            let rows: Vec<Candidate> = sqlx::query_as(SCAN_SQL)
+                .bind(self.queue.id)
+                .bind(self.req.group)
+                .bind(cursor.0)
+                .bind(cursor.1)
+                .bind(SCAN_CHUNK)
+                .fetch_all(&mut *conn)
+                .await?;
+            let full = rows.len() as i64 == SCAN_CHUNK;
+            for row in &rows {
+                if self.done() {
+                    break;
+                }
+                let key = (row.last_write_xid, row.id);
+                let passed = match self.classify(row) {
+                    Class::Settled => true,
+                    Class::Blocked => false,
+                    Class::Candidate => !matches!(self.take(conn, row).await?, Take::Lost),
+                };
+                // A write at or above the snapshot's xmin may have a concurrent, still
+                // invisible sibling with a smaller id: never move the watermark past it.
+                let settled_for_good = row.xmin.is_some_and(|xmin| row.last_write_xid < xmin);
+                if (!passed || !settled_for_good) && first_unpassed.is_none() {
+                    first_unpassed = Some(key);
+                }
+                last_seen = Some(key);
+            }
+            match last_seen {
+                Some((xid, id)) if full => cursor = (xid, id + 1),
+                _ => break,
+            }
+        }
+        let watermark = first_unpassed.or(last_seen.map(|(xid, id)| (xid, id + 1)));
+        if let Some(w) = watermark.filter(|w| *w > self.sub.scan) {
+            sqlx::query(
+                "UPDATE queen.consumer_subscriptions
+                    SET scan_xid = $3, scan_pid = $4
+                  WHERE queue_id = $1
+                    AND consumer_group = $2
+                    AND (scan_xid, scan_pid) < ($3, $4)",
+            )
+            .bind(self.queue.id)
+            .bind(self.req.group)
+            .bind(w.0)
+            .bind(w.1)
+            .execute(&mut *conn)
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Claims `row` for the group, reads up to `remaining` messages, and keeps the lease only
+    /// if there are any.
+    async fn take(&mut self, conn: &mut PgConnection, row: &Candidate) -> sqlx::Result<Take> {
+        let group = self.req.group;
+        let lease_secs = if self.queue.lease_secs > 0 {
+            self.queue.lease_secs
+        } else {
+            60
+        };
+        let claimed: Option<(i64, i32, i64)> = sqlx::query_as(
+            "UPDATE queen.partition_consumers
+                SET lease_id = $3,
+                    lease_owner = $4,
+                    lease_acquired_at = now(),
+                    lease_expires_at = now() + $5 * interval '1 second',
+                    attention_at = NULL
+              WHERE partition_id = $1
+                AND consumer_group = $2
+                AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+          RETURNING committed_offset, batch_retry_count,
+                    (SELECT next_offset FROM queen.partitions WHERE id = $1)",
+        )
+        .bind(row.id)
+        .bind(group)
+        .bind(self.lease_id)
+        .bind(self.req.owner)
+        .bind(lease_secs)
+        .fetch_optional(&mut *conn)
+        .await?;
+        let claimed = match claimed {
+            Some(c) => Some(c),
+            // First contact of the group with this partition (or the lease is held: then the
+            // insert conflicts and returns nothing).
+            None => {
+                sqlx::query_as(&format!(
+                    "INSERT INTO queen.partition_consumers
+                            (partition_id, consumer_group, queue_id, committed_offset, lease_id,
+                             lease_owner, lease_acquired_at, lease_expires_at, attention_at)
+                     SELECT p.id, $2, p.queue_id,
+                            {start},
+                            $3, $4, now(),
+                            now() + $5 * interval '1 second',
+                            NULL
+                       FROM queen.partitions p
+                      WHERE p.id = $1
+                     ON CONFLICT (partition_id, consumer_group) DO NOTHING
+                     RETURNING committed_offset, batch_retry_count,
+                               (SELECT next_offset FROM queen.partitions WHERE id = $1)",
+                    start = start_offset_sql("p.id", "$6::timestamptz")
+                ))
+                .bind(row.id)
+                .bind(group)
+                .bind(self.lease_id)
+                .bind(self.req.owner)
+                .bind(lease_secs)
+                .bind(self.sub.from)
+                .fetch_optional(&mut *conn)
+                .await?
+            }
+        };
+        let Some((committed, retry_count, next_offset)) = claimed else {
+            return Ok(Take::Lost);
+        };
+
+        let want = (self.remaining as i64).min(next_offset - committed).max(0);
+        let (segments, first) = if want > 0 {
+            read_range(conn, row.id, committed, want, next_offset).await?
+        } else {
+            (Vec::new(), committed)
+        };
+        // Count what is deliverable: consecutive offsets from `first`, stopping at the first
+        // message still inside its delay.
+        let mut count = 0usize;
+        let mut visible_at: Option<DateTime<Utc>> = None;
+        let delay_micros = i64::from(self.queue.delay_secs) * 1_000_000;
+        let now_micros = row.db_now.timestamp_micros();
+        'segments: for (base, bytes) in &segments {
+            let decoded = frames::decode(bytes)
+                .map_err(|e| sqlx::Error::Protocol(format!("partition {}: {e}", row.id)))?;
+            for (n, frame) in decoded.iter().enumerate() {
+                let offset = base + n as i64;
+                if offset < first {
+                    continue;
+                }
+                if count as i64 >= want {
+                    break 'segments;
+                }
+                if delay_micros > 0 && frame.created_at_micros + delay_micros > now_micros {
+                    visible_at =
+                        DateTime::from_timestamp_micros(frame.created_at_micros + delay_micros);
+                    break 'segments;
+                }
+                count += 1;
+            }
+        }
+
+        if count == 0 {
+            sqlx::query(
+                "UPDATE queen.partition_consumers
+                    SET lease_expires_at = NULL,
+                        attention_at = CASE
+                            WHEN $4::timestamptz IS NOT NULL THEN $4
+                            WHEN committed_offset < (SELECT next_offset
+                                                       FROM queen.partitions
+                                                      WHERE id = $1)
+                                THEN now() + interval '1 second'
+                            ELSE NULL
+                        END
+                  WHERE partition_id = $1 AND consumer_group = $2 AND lease_id = $3",
+            )
+            .bind(row.id)
+            .bind(group)
+            .bind(self.lease_id)
+            .bind(visible_at)
+            .execute(&mut *conn)
+            .await?;
+            return Ok(Take::Empty);
+        }
+
+        let end = first + count as i64;
+        if self.req.auto_ack {
+            sqlx::query(
+                "UPDATE queen.partition_consumers
+                    SET committed_offset = GREATEST(committed_offset, $5),
+                        leased_from = $4,
+                        leased_to = $5,
+                        lease_expires_at = NULL,
+                        batch_retry_count = 0,
+                        retry_lease_id = NULL,
+                        last_consumed_at = now(),
+                        total_consumed = total_consumed + ($5 - $4),
+                        attention_at = CASE
+                            WHEN $5 < (SELECT next_offset FROM queen.partitions WHERE id = $1)
+                                THEN now()
+                            ELSE NULL
+                        END
+                  WHERE partition_id = $1 AND consumer_group = $2 AND lease_id = $3",
+            )
+        } else {
+            sqlx::query(
+                "UPDATE queen.partition_consumers
+                    SET leased_from = $4,
+                        leased_to = $5
+                  WHERE partition_id = $1 AND consumer_group = $2 AND lease_id = $3",
+            )
+        }
+        .bind(row.id)
+        .bind(group)
+        .bind(self.lease_id)
+        .bind(first)
+        .bind(end)
+        .execute(&mut *conn)
+        .await?;
+
+        self.remaining -= count;
+        self.deliveries.push(Delivery {
+            partition_id: row.id,
+            partition_uuid: row.uuid,
+            partition: row.name.clone(),
+            first_offset: first,
+            count,
+            retry_count,
+            segments,
+        });
+        Ok(Take::Taken)
+    }
+}
+
+/// Clears a caught-up row's request for attention (and its run-out lease), unless it has
+/// messages again.
+async fn clear_attention(
+    conn: &mut PgConnection,
+    partition_id: i64,
+    group: &str,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE queen.partition_consumers c
+            SET attention_at = NULL,
+                lease_expires_at = NULL
+          WHERE c.partition_id = $1
+            AND c.consumer_group = $2
+            AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+            AND c.committed_offset >= (SELECT next_offset FROM queen.partitions WHERE id = $1)",
+    )
+    .bind(partition_id)
+    .bind(group)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The segments holding offsets `from .. from + want` of a partition (offsets are dense, so
+/// the covering segments are exactly those starting below the end, from the one holding
+/// `from`). When retention removed `from`, reading resumes at the oldest segment left. Returns
+/// the segments and the first offset actually present.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn read_range(
+    conn: &mut PgConnection,
+    partition_id: i64,
+    from: i64,
+    want: i64,
+    next_offset: i64,
+) -> sqlx::Result<(Vec<(i64, Vec<u8>)>, i64)> {
+    let mut from = from;
+    for _ in 0..2 {
+        let segments: Vec<(i64, Vec<u8>)> = sqlx::query_as(
+            "SELECT base_offset, frames
+               FROM queen.segments
+              WHERE partition_id = $1
+                AND base_offset < $3
+                AND base_offset >= COALESCE((SELECT max(base_offset)
+                                               FROM queen.segments
+                                              WHERE partition_id = $1
+                                                AND base_offset <= $2), $2)
+              ORDER BY base_offset",
+        )
+        .bind(partition_id)
+        .bind(from)
+        .bind(from + want)
+        .fetch_all(&mut *conn)
+        .await?;
+        if let Some(&(base, _)) = segments.first() {
+            return Ok((segments, from.max(base)));
+        }
+        if from >= next_offset {
+            break;
+        }
+        let oldest: Option<i64> = sqlx::query_scalar(
+            "SELECT min(base_offset) FROM queen.segments WHERE partition_id = $1 AND base_offset > $2",
+        )
+        .bind(partition_id)
+        .bind(from)
+        .fetch_one(&mut *conn)
+        .await?;
+        match oldest {
+            Some(base) => from = base,
+            None => break,
+        }
+    }
+    Ok((Vec::new(), from))
+}
+
+/// SQL for where a group starts on a partition it has not touched yet: the beginning without a
+/// subscription start (`from` NULL), else right after the last segment committed before it.
+pub(crate) fn start_offset_sql(partition: &str, from: &str) -> String {
+    format!(
+        "CASE WHEN {from} IS NULL THEN 0
+              ELSE COALESCE((SELECT sg.base_offset + sg.msg_count
+                               FROM queen.segments sg
+                              WHERE sg.partition_id = {partition}
+                                AND sg.created_at < {from}
+                              ORDER BY sg.base_offset DESC
+                              LIMIT 1), 0)
+         END"
+    )
+}
+
+/// The queue and the group's subscription on it, recording the subscription on first contact.
+async fn open(
+    conn: &mut PgConnection,
+    queue: &str,
+    group: &str,
+    start: &SubscriptionStart,
+) -> sqlx::Result<Option<(QueueInfo, Subscription)>> {
+    type Row = (
+        i64,
+        i32,
+        i32,
+        i32,
+        Option<DateTime<Utc>>,
+        Option<i64>,
+        Option<i64>,
+    );
+    let select = "SELECT q.id, q.lease_time, q.delayed_processing, q.window_buffer,
+                         s.subscription_from, s.scan_xid, s.scan_pid
+                    FROM queen.queues q
+                    LEFT JOIN queen.consumer_subscriptions s
+                      ON s.queue_id = q.id AND s.consumer_group = $2
+                   WHERE q.name = $1";
+    let mut row: Option<Row> = sqlx::query_as(select)
+        .bind(queue)
+        .bind(group)
+        .fetch_optional(&mut *conn)
+        .await?;
+    if let Some((queue_id, _, _, _, _, None, _)) = row {
+        let (mode, from) = match (group == QUEUE_MODE, start) {
+            (true, _) | (false, SubscriptionStart::All) => ("all", None),
+            (false, SubscriptionStart::New) => ("new", None),
+            (false, SubscriptionStart::From(t)) => ("timestamp", Some(*t)),
+        };
+        // A new group starts its scan at the current xmin: everything written before it
+        // subscribed is history it does not want.
+        sqlx::query(
+            "INSERT INTO queen.consumer_subscriptions
+                    (consumer_group, queue_id, subscription_mode, subscription_from, scan_xid)
+             VALUES ($1, $2, $3,
+                     CASE $3 WHEN 'new' THEN now() ELSE $4 END,
+                     CASE $3 WHEN 'new'
+                          THEN pg_snapshot_xmin(pg_current_snapshot())::text::int8
+                          ELSE 0 END)
+             ON CONFLICT (consumer_group, queue_id) DO NOTHING",
+        )
+        .bind(group)
+        .bind(queue_id)
+        .bind(mode)
+        .bind(from)
+        .execute(&mut *conn)
+        .await?;
+        row = sqlx::query_as(select)
+            .bind(queue)
+            .bind(group)
+            .fetch_optional(&mut *conn)
+            .await?;
+    }
+    Ok(row.map(
+        |(id, lease_secs, delay_secs, window_secs, from, xid, pid)| {
+            (
+                QueueInfo {
+                    id,
+                    name: queue.to_string(),
+                    lease_secs,
+                    delay_secs,
+                    window_secs,
+                },
+                Subscription {
+                    from,
+                    scan: (xid.unwrap_or(0), pid.unwrap_or(0)),
+                },
+            )
+        },
+    ))
+}
+
+/// Whether pop maintenance mode is on (`queen.system_state` key `pop_maintenance_mode`).
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn pop_paused(conn: &mut PgConnection) -> sqlx::Result<bool> {
+    sqlx::query_scalar(
+        "SELECT COALESCE((SELECT value -> 'enabled' = 'true'::jsonb
+                            FROM queen.system_state
+                           WHERE key = 'pop_maintenance_mode'), false)",
+    )
+    .fetch_one(conn)
+    .await
+}

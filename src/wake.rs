@@ -1,0 +1,319 @@
+//! Long-poll wake-ups: pops waiting for messages, keyed by queue and partition, woken the moment
+//! a push makes something visible.
+//!
+//! Two sources ring the same [`WakeHub`]: the push handler of this broker (right after its
+//! `queued` verdicts) and [`listen_loop`], which LISTENs on `queen_push` on a connection of its
+//! own and relays what other brokers' commits announce (every commit sends one NOTIFY naming its
+//! partitions, see `storage::commit`). A wake-up is only a hint: the woken pop re-reads
+//! PostgreSQL, so a spurious or lost wake-up costs latency, never correctness. This module never
+//! decides what a consumer gets.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use broker_actors::PartitionKey;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use tokio::sync::Notify;
+
+/// The channel every commit notifies.
+pub const CHANNEL: &str = "queen_push";
+
+/// Largest NOTIFY payload we send (PostgreSQL's limit is 8000 bytes).
+const MAX_PAYLOAD: usize = 7_900;
+
+/// What a waiting pop waits for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum WakeKey {
+    /// Any partition of a queue (queue-level pop).
+    Queue(String),
+    /// One partition (partition pop).
+    Partition(String, String),
+    /// Any queue (namespace/task pop).
+    Any,
+}
+
+/// Waiting pops by key; cheap to share.
+#[derive(Default)]
+pub struct WakeHub {
+    waiters: Mutex<HashMap<WakeKey, Arc<Notify>>>,
+    listening: AtomicBool,
+}
+
+/// One pop's registration; dropping it unregisters.
+pub struct Waiter {
+    hub: Arc<WakeHub>,
+    key: WakeKey,
+    notify: Arc<Notify>,
+}
+
+impl Waiter {
+    /// The notification to await. Create it (and `enable` it) *before* checking PostgreSQL, so
+    /// a push that commits between the check and the wait is not missed.
+    pub fn notify(&self) -> &Notify {
+        &self.notify
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        let mut waiters = self.hub.waiters.lock().expect("wake hub lock poisoned");
+        // Clones are only made under this lock: two references left = the map's and ours.
+        if Arc::strong_count(&self.notify) == 2 {
+            waiters.remove(&self.key);
+        }
+    }
+}
+
+impl WakeHub {
+    /// A new, empty hub.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Registers interest in `key`.
+    pub fn subscribe(self: &Arc<Self>, key: WakeKey) -> Waiter {
+        let notify = self
+            .waiters
+            .lock()
+            .expect("wake hub lock poisoned")
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        Waiter {
+            hub: self.clone(),
+            key,
+            notify,
+        }
+    }
+
+    /// Whether the LISTEN connection is up (other brokers' pushes reach this one).
+    pub fn listening(&self) -> bool {
+        self.listening.load(Ordering::Relaxed)
+    }
+
+    /// How many pops are registered for `key` (tests wait for this before pushing).
+    pub fn waiting(&self, key: &WakeKey) -> usize {
+        self.waiters
+            .lock()
+            .expect("wake hub lock poisoned")
+            .get(key)
+            .map_or(0, |n| Arc::strong_count(n) - 1)
+    }
+
+    /// Wakes pops waiting on this partition, its queue, or any queue.
+    pub fn wake(&self, queue: &str, partition: &str) {
+        let waiters = self.waiters.lock().expect("wake hub lock poisoned");
+        if waiters.is_empty() {
+            return;
+        }
+        let keys = [
+            WakeKey::Partition(queue.to_string(), partition.to_string()),
+            WakeKey::Queue(queue.to_string()),
+            WakeKey::Any,
+        ];
+        for key in &keys {
+            if let Some(n) = waiters.get(key) {
+                n.notify_waiters();
+            }
+        }
+    }
+
+    /// Wakes pops waiting on any partition of `queue` (or any queue).
+    pub fn wake_queue(&self, queue: &str) {
+        let waiters = self.waiters.lock().expect("wake hub lock poisoned");
+        for (key, n) in waiters.iter() {
+            let hit = match key {
+                WakeKey::Queue(q) | WakeKey::Partition(q, _) => q == queue,
+                WakeKey::Any => true,
+            };
+            if hit {
+                n.notify_waiters();
+            }
+        }
+    }
+
+    /// Wakes every waiting pop (notifications may have been lost).
+    pub fn wake_all(&self) {
+        let waiters = self.waiters.lock().expect("wake hub lock poisoned");
+        for n in waiters.values() {
+            n.notify_waiters();
+        }
+    }
+
+    /// Applies a `queen_push` payload (see [`notify_payload`]).
+    pub fn apply_payload(&self, payload: &str) {
+        if let Ok(pairs) = serde_json::from_str::<Vec<(String, String)>>(payload) {
+            for (queue, partition) in pairs {
+                self.wake(&queue, &partition);
+            }
+        } else if let Ok(queues) = serde_json::from_str::<Vec<String>>(payload) {
+            for queue in queues {
+                self.wake_queue(&queue);
+            }
+        } else {
+            self.wake_all();
+        }
+    }
+}
+
+/// The NOTIFY payload naming the partitions a commit wrote: a JSON array of `[queue,
+/// partition]` pairs, or of queue names when that is too long, or `*` (wake everyone).
+pub fn notify_payload(written: &[&PartitionKey]) -> String {
+    let pairs: Vec<(&str, &str)> = written.iter().map(|k| (&*k.queue, &*k.partition)).collect();
+    let text = serde_json::to_string(&pairs).expect("strings serialise");
+    if text.len() <= MAX_PAYLOAD {
+        return text;
+    }
+    let mut queues: Vec<&str> = pairs.iter().map(|(q, _)| *q).collect();
+    queues.sort_unstable();
+    queues.dedup();
+    let text = serde_json::to_string(&queues).expect("strings serialise");
+    if text.len() <= MAX_PAYLOAD {
+        text
+    } else {
+        "*".into()
+    }
+}
+
+/// Stops the LISTEN thread when told to (or when dropped).
+pub struct ListenerHandle {
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl ListenerHandle {
+    /// Asks the LISTEN thread to close its connection and end.
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+impl Drop for ListenerHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Starts the relay of other brokers' commits to `hub` on a thread of its own (with its own
+/// runtime, so its connection is closed inside a runtime however the broker stops).
+///
+/// # Panics
+///
+/// When the thread or its runtime cannot be created (out of resources at start-up).
+pub fn spawn_listener(options: PgConnectOptions, hub: Arc<WakeHub>) -> ListenerHandle {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    std::thread::Builder::new()
+        .name("queen-listen".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("the LISTEN thread's runtime starts");
+            runtime.block_on(listen_loop(options, hub, stopped));
+        })
+        .expect("the LISTEN thread starts");
+    ListenerHandle { stop }
+}
+
+/// LISTENs on [`CHANNEL`] on a connection of its own (not from the shared pool), reconnecting
+/// after failures; after a reconnect every waiter is woken, since notifications sent meanwhile
+/// are lost. Ends when `stopped` turns true or its sender is gone.
+async fn listen_loop(
+    options: PgConnectOptions,
+    hub: Arc<WakeHub>,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(5))
+        .idle_timeout(None)
+        .max_lifetime(None)
+        .connect_lazy_with(options);
+    let stop = |s: &tokio::sync::watch::Receiver<bool>| *s.borrow() || s.has_changed().is_err();
+    'connect: while !stop(&stopped) {
+        let connected = async {
+            let mut listener = PgListener::connect_with(&pool).await?;
+            listener.ignore_pool_close_event(true);
+            listener.listen(CHANNEL).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        let mut listener = tokio::select! {
+            l = connected => match l {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::debug!(error = %e, "LISTEN connection failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue 'connect,
+                        _ = stopped.changed() => break 'connect,
+                    }
+                }
+            },
+            _ = stopped.changed() => break 'connect,
+        };
+        hub.listening.store(true, Ordering::Relaxed);
+        hub.wake_all();
+        loop {
+            let received = tokio::select! {
+                r = listener.try_recv() => r,
+                _ = stopped.changed() => break 'connect,
+            };
+            match received {
+                Ok(Some(n)) => hub.apply_payload(n.payload()),
+                // The connection dropped and was re-established: anything may have been missed.
+                Ok(None) => hub.wake_all(),
+                Err(e) => {
+                    tracing::debug!(error = %e, "LISTEN connection lost; reconnecting");
+                    hub.listening.store(false, Ordering::Relaxed);
+                    drop(listener);
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue 'connect,
+                        _ = stopped.changed() => break 'connect,
+                    }
+                }
+            }
+        }
+    }
+    pool.close().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_names_partitions_then_queues_then_everything() {
+        let small = [PartitionKey::new("q", "p")];
+        let refs: Vec<&PartitionKey> = small.iter().collect();
+        assert_eq!(notify_payload(&refs), r#"[["q","p"]]"#);
+
+        let many: Vec<PartitionKey> = (0..1000)
+            .map(|n| PartitionKey::new("orders", &format!("partition-{n}")))
+            .collect();
+        let refs: Vec<&PartitionKey> = many.iter().collect();
+        assert_eq!(notify_payload(&refs), r#"["orders"]"#);
+
+        let huge: Vec<PartitionKey> = (0..1000)
+            .map(|n| PartitionKey::new(&format!("queue-{n}"), "p"))
+            .collect();
+        let refs: Vec<&PartitionKey> = huge.iter().collect();
+        assert_eq!(notify_payload(&refs), "*");
+    }
+
+    #[tokio::test]
+    async fn a_wake_reaches_an_enabled_waiter_and_unused_keys_are_dropped() {
+        let hub = WakeHub::new();
+        let waiter = hub.subscribe(WakeKey::Queue("q".into()));
+        {
+            let notified = waiter.notify().notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            hub.apply_payload(r#"[["q","p"]]"#);
+            tokio::time::timeout(Duration::from_secs(1), notified)
+                .await
+                .expect("woken");
+        }
+        drop(waiter);
+        assert!(hub.waiters.lock().unwrap().is_empty());
+    }
+}
