@@ -17,7 +17,6 @@ use broker_actors::spool::{SpoolActor, SpoolError, SpoolHandle, SpoolState};
 use sqlx::PgPool;
 
 use crate::auth::{Gate, Gatekeeper};
-use crate::http::pop::PopPause;
 use crate::pg::{ClusterError, PrivateCluster};
 use crate::settings::Settings;
 use crate::storage::{self, commit::PgStore};
@@ -79,8 +78,6 @@ pub struct AppState {
     pub wake: Arc<WakeHub>,
     /// This broker's id, recorded as the owner of the leases it hands out.
     pub broker_id: String,
-    /// The cached pop-maintenance flag.
-    pub pop_pause: PopPause,
 }
 
 /// Why the broker could not start.
@@ -290,6 +287,13 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         Some(spool.clone()),
     );
     let flags = Arc::new(Flags::default());
+    // Know the maintenance flags before the first request (the poller keeps them fresh).
+    if let Ok(Ok((push, pop))) =
+        tokio::time::timeout(settings.connect_timeout, read_flags(&pool)).await
+    {
+        spool_state.set_maintenance(push);
+        flags.set_pop_maintenance(pop);
+    }
     actix_web::rt::spawn(poll_flags(pool.clone(), spool_state.clone(), flags.clone()));
     actix_web::rt::spawn(report_spool(spool_state.clone()));
 
@@ -316,7 +320,6 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         flags,
         wake: hub,
         broker_id: format!("broker-{}", uuid::Uuid::new_v4().simple()),
-        pop_pause: PopPause::default(),
     });
     let data = state.clone();
     let addr = format!("{}:{}", settings.host, settings.port);
@@ -383,20 +386,24 @@ fn defer_migrations(pool: &PgPool, target: &str, reason: &str) {
     });
 }
 
+/// Reads (push maintenance, pop maintenance) from PostgreSQL.
+async fn read_flags(pool: &PgPool) -> sqlx::Result<(bool, bool)> {
+    use crate::storage::system;
+    let push = system::flag(pool, system::MAINTENANCE).await?;
+    let pop = system::flag(pool, system::POP_MAINTENANCE).await?;
+    Ok((push, pop))
+}
+
 /// Follows the maintenance flags stored in PostgreSQL (every broker on the database sees the
 /// same); keeps the last known state while the database is away.
 async fn poll_flags(pool: PgPool, spool: Arc<SpoolState>, flags: Arc<Flags>) {
-    use crate::storage::system;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
         let generation = flags.generation();
-        let read = async {
-            let push = system::flag(&pool, system::MAINTENANCE).await?;
-            let pop = system::flag(&pool, system::POP_MAINTENANCE).await?;
-            Ok::<_, sqlx::Error>((push, pop))
-        };
-        if let Ok(Ok((push, pop))) = tokio::time::timeout(Duration::from_secs(2), read).await {
+        if let Ok(Ok((push, pop))) =
+            tokio::time::timeout(Duration::from_secs(2), read_flags(&pool)).await
+        {
             // A local change after the read started wins until the next poll.
             if flags.generation() == generation {
                 if push != spool.maintenance() {

@@ -7,8 +7,6 @@
 //! messages) and formats.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use actix_web::http::header;
@@ -30,42 +28,6 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 /// A waiting pop re-reads PostgreSQL at least this often (lease expiry and delayed messages
 /// make messages available without a push).
 const RECHECK: Duration = Duration::from_millis(1_000);
-/// How long the pop-maintenance flag is trusted before it is read again.
-const PAUSE_REFRESH: Duration = Duration::from_secs(1);
-
-/// The pop-maintenance flag (`queen.system_state` key `pop_maintenance_mode`), read at most
-/// once per [`PAUSE_REFRESH`]; when the read fails the last known value stands.
-#[derive(Default)]
-pub struct PopPause {
-    paused: AtomicBool,
-    checked: Mutex<Option<Instant>>,
-}
-
-impl PopPause {
-    async fn paused(&self, state: &AppState) -> bool {
-        let stale = {
-            let mut checked = self.checked.lock().expect("pop pause lock poisoned");
-            let stale = checked.is_none_or(|at| at.elapsed() >= PAUSE_REFRESH);
-            if stale {
-                // Whoever sees it stale first refreshes; the others use the last value.
-                *checked = Some(Instant::now());
-            }
-            stale
-        };
-        if stale {
-            let read = tokio::time::timeout(Duration::from_millis(500), async {
-                let mut conn = state.pool.acquire().await?;
-                consume::pop_paused(&mut conn).await
-            })
-            .await;
-            if let Ok(Ok(paused)) = read {
-                self.paused.store(paused, Ordering::Relaxed);
-            }
-        }
-        self.paused.load(Ordering::Relaxed)
-    }
-}
-
 /// The query of the three pop routes, interpreted as Queen does (§1, §4.2).
 #[derive(Debug, Clone)]
 struct PopParams {
@@ -172,7 +134,7 @@ async fn serve(
     params: &PopParams,
     source: Source,
 ) -> Result<HttpResponse, ApiError> {
-    if state.pop_pause.paused(state).await {
+    if state.flags.pop_maintenance() {
         return Ok(HttpResponse::NoContent().finish());
     }
     let deadline = Instant::now() + params.timeout;

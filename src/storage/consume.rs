@@ -769,18 +769,3 @@ async fn open(
         },
     ))
 }
-
-/// Whether pop maintenance mode is on (`queen.system_state` key `pop_maintenance_mode`).
-///
-/// # Errors
-///
-/// Any database error.
-pub async fn pop_paused(conn: &mut PgConnection) -> sqlx::Result<bool> {
-    sqlx::query_scalar(
-        "SELECT COALESCE((SELECT value -> 'enabled' = 'true'::jsonb
-                            FROM queen.system_state
-                           WHERE key = 'pop_maintenance_mode'), false)",
-    )
-    .fetch_one(conn)
-    .await
-}
