@@ -269,31 +269,21 @@ mod tests {
 
     fn table() -> Vec<Route> {
         vec![
-            Route {
-                method: Method::POST,
-                path: "/api/v1/push",
-                capability: Capability::Produce,
-            },
-            Route {
-                method: Method::GET,
-                path: "/api/v1/resources/queues/{queue}",
-                capability: Capability::Read,
-            },
-            Route {
-                method: Method::DELETE,
-                path: "/api/v1/resources/queues/{queue}",
-                capability: Capability::Admin,
-            },
-            Route {
-                method: Method::GET,
-                path: "/health",
-                capability: Capability::Public,
-            },
-            Route {
-                method: Method::GET,
-                path: "/status",
-                capability: Capability::Public,
-            },
+            Route::new(Method::POST, "/api/v1/push", Capability::Produce, |r| r),
+            Route::new(
+                Method::GET,
+                "/api/v1/resources/queues/{queue}",
+                Capability::Read,
+                |r| r,
+            ),
+            Route::new(
+                Method::DELETE,
+                "/api/v1/resources/queues/{queue}",
+                Capability::Admin,
+                |r| r,
+            ),
+            Route::new(Method::GET, "/health", Capability::Public, |r| r),
+            Route::new(Method::GET, "/status", Capability::Public, |r| r),
         ]
     }
 

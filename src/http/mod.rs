@@ -52,234 +52,74 @@ pub struct Route {
     pub path: &'static str,
     /// Who may call it.
     pub capability: Capability,
+    /// Attaches the handler to an actix route for this method.
+    pub handler: fn(actix_web::Route) -> actix_web::Route,
 }
 
-/// Every route the broker serves.
+impl Route {
+    /// A route; `handler` is usually `|r| r.to(module::function)`.
+    pub fn new(
+        method: Method,
+        path: &'static str,
+        capability: Capability,
+        handler: fn(actix_web::Route) -> actix_web::Route,
+    ) -> Self {
+        Self {
+            method,
+            path,
+            capability,
+            handler,
+        }
+    }
+}
+
+/// Every route the broker serves, each listed once: method, path, capability and handler.
+#[rustfmt::skip]
 pub fn routes() -> Vec<Route> {
     vec![
-        Route {
-            method: Method::POST,
-            path: "/api/v1/push",
-            capability: Capability::Produce,
-        },
-        Route {
-            method: Method::POST,
-            path: "/api/v1/configure",
-            capability: Capability::Configure,
-        },
-        Route {
-            method: Method::GET,
-            path: "/api/v1/resources/queues",
-            capability: Capability::Read,
-        },
-        Route {
-            method: Method::GET,
-            path: "/api/v1/resources/queues/{queue}",
-            capability: Capability::Read,
-        },
-        Route {
-            method: Method::DELETE,
-            path: "/api/v1/resources/queues/{queue}",
-            capability: Capability::Admin,
-        },
-        Route {
-            method: Method::GET,
-            path: "/api/v1/resources/namespaces",
-            capability: Capability::Read,
-        },
-        Route {
-            method: Method::GET,
-            path: "/api/v1/resources/tasks",
-            capability: Capability::Read,
-        },
-        Route {
-            method: Method::GET,
-            path: "/api/v1/resources/overview",
-            capability: Capability::Read,
-        },
-        Route {
-            method: Method::GET,
-            path: "/api/v1/messages",
-            capability: Capability::Read,
-        },
-        Route {
-            method: Method::GET,
-            path: "/api/v1/messages/{partitionId}/{transactionId}",
-            capability: Capability::Read,
-        },
-        Route {
-            method: Method::GET,
-            path: "/api/v1/pop/queue/{queue}",
-            capability: Capability::Consume,
-        },
-        Route {
-            method: Method::GET,
-            path: "/api/v1/pop/queue/{queue}/partition/{partition}",
-            capability: Capability::Consume,
-        },
-        Route {
-            method: Method::GET,
-            path: "/api/v1/pop",
-            capability: Capability::Consume,
-        },
-        Route {
-            method: Method::POST,
-            path: "/api/v1/ack",
-            capability: Capability::Consume,
-        },
-        Route {
-            method: Method::POST,
-            path: "/api/v1/ack/batch",
-            capability: Capability::Consume,
-        },
-        Route {
-            method: Method::POST,
-            path: "/api/v1/lease/{lease_id}/extend",
-            capability: Capability::Consume,
-        },
-        Route {
-            method: Method::POST,
-            path: "/api/v1/transaction",
-            capability: Capability::ProduceAndConsume,
-        },
-        Route {
-            method: Method::GET,
-            path: "/api/v1/consumer-groups",
-            capability: Capability::Read,
-        },
-        Route {
-            method: Method::GET,
-            path: "/api/v1/consumer-groups/lagging",
-            capability: Capability::Read,
-        },
-        Route {
-            method: Method::GET,
-            path: "/api/v1/consumer-groups/{group}",
-            capability: Capability::Read,
-        },
-        Route {
-            method: Method::DELETE,
-            path: "/api/v1/consumer-groups/{group}",
-            capability: Capability::Admin,
-        },
-        Route {
-            method: Method::DELETE,
-            path: "/api/v1/consumer-groups/{group}/queues/{queue}",
-            capability: Capability::Admin,
-        },
-        Route {
-            method: Method::POST,
-            path: "/api/v1/consumer-groups/{group}/subscription",
-            capability: Capability::Configure,
-        },
-        Route {
-            method: Method::POST,
-            path: "/api/v1/consumer-groups/{group}/queues/{queue}/seek",
-            capability: Capability::Configure,
-        },
-        Route {
-            method: Method::POST,
-            path: "/api/v1/consumer-groups/{group}/queues/{queue}/partitions/{partition}/seek",
-            capability: Capability::Configure,
-        },
-        Route {
-            method: Method::GET,
-            path: "/api/v1/dlq",
-            capability: Capability::Read,
-        },
-        Route {
-            method: Method::GET,
-            path: "/health",
-            capability: Capability::Public,
-        },
-        Route {
-            method: Method::GET,
-            path: "/health/live",
-            capability: Capability::Public,
-        },
-        Route {
-            method: Method::GET,
-            path: "/api/v1/system/maintenance",
-            capability: Capability::Admin,
-        },
-        Route {
-            method: Method::POST,
-            path: "/api/v1/system/maintenance",
-            capability: Capability::Admin,
-        },
-        Route {
-            method: Method::GET,
-            path: "/api/v1/system/maintenance/pop",
-            capability: Capability::Admin,
-        },
-        Route {
-            method: Method::POST,
-            path: "/api/v1/system/maintenance/pop",
-            capability: Capability::Admin,
-        },
-        Route {
-            method: Method::GET,
-            path: "/api/v1/system/shared-state",
-            capability: Capability::Admin,
-        },
+        Route::new(Method::POST, "/api/v1/push", Capability::Produce, |r| r.to(push::push)),
+        Route::new(Method::POST, "/api/v1/configure", Capability::Configure, |r| r.to(configure::configure)),
+        Route::new(Method::GET, "/api/v1/resources/queues", Capability::Read, |r| r.to(resources::list_queues)),
+        Route::new(Method::GET, "/api/v1/resources/queues/{queue}", Capability::Read, |r| r.to(resources::queue_detail)),
+        Route::new(Method::DELETE, "/api/v1/resources/queues/{queue}", Capability::Admin, |r| r.to(resources::delete_queue)),
+        Route::new(Method::GET, "/api/v1/resources/namespaces", Capability::Read, |r| r.to(resources::namespaces)),
+        Route::new(Method::GET, "/api/v1/resources/tasks", Capability::Read, |r| r.to(resources::tasks)),
+        Route::new(Method::GET, "/api/v1/resources/overview", Capability::Read, |r| r.to(resources::overview)),
+        Route::new(Method::GET, "/api/v1/messages", Capability::Read, |r| r.to(messages::list)),
+        Route::new(Method::GET, "/api/v1/messages/{partitionId}/{transactionId}", Capability::Read, |r| r.to(messages::detail)),
+        Route::new(Method::GET, "/api/v1/pop/queue/{queue}", Capability::Consume, |r| r.to(pop::pop_queue)),
+        Route::new(Method::GET, "/api/v1/pop/queue/{queue}/partition/{partition}", Capability::Consume, |r| r.to(pop::pop_partition)),
+        Route::new(Method::GET, "/api/v1/pop", Capability::Consume, |r| r.to(pop::pop_matching)),
+        Route::new(Method::POST, "/api/v1/ack", Capability::Consume, |r| r.to(ack::ack)),
+        Route::new(Method::POST, "/api/v1/ack/batch", Capability::Consume, |r| r.to(ack::ack_batch)),
+        Route::new(Method::POST, "/api/v1/lease/{lease_id}/extend", Capability::Consume, |r| r.to(lease::extend)),
+        Route::new(Method::POST, "/api/v1/transaction", Capability::ProduceAndConsume, |r| r.to(transaction::transaction)),
+        Route::new(Method::GET, "/api/v1/consumer-groups", Capability::Read, |r| r.to(groups::list)),
+        Route::new(Method::GET, "/api/v1/consumer-groups/lagging", Capability::Read, |r| r.to(groups::lagging)),
+        Route::new(Method::GET, "/api/v1/consumer-groups/{group}", Capability::Read, |r| r.to(groups::get)),
+        Route::new(Method::DELETE, "/api/v1/consumer-groups/{group}", Capability::Admin, |r| r.to(groups::delete)),
+        Route::new(Method::DELETE, "/api/v1/consumer-groups/{group}/queues/{queue}", Capability::Admin, |r| r.to(groups::delete_for_queue)),
+        Route::new(Method::POST, "/api/v1/consumer-groups/{group}/subscription", Capability::Configure, |r| r.to(groups::subscription)),
+        Route::new(Method::POST, "/api/v1/consumer-groups/{group}/queues/{queue}/seek", Capability::Configure, |r| r.to(groups::seek_queue)),
+        Route::new(Method::POST, "/api/v1/consumer-groups/{group}/queues/{queue}/partitions/{partition}/seek", Capability::Configure, |r| r.to(groups::seek_partition)),
+        Route::new(Method::GET, "/api/v1/dlq", Capability::Read, |r| r.to(dlq::list)),
+        Route::new(Method::GET, "/health", Capability::Public, |r| r.to(health::health)),
+        Route::new(Method::GET, "/health/live", Capability::Public, |r| r.to(health::live)),
+        Route::new(Method::GET, "/api/v1/system/maintenance", Capability::Admin, |r| r.to(maintenance::get)),
+        Route::new(Method::POST, "/api/v1/system/maintenance", Capability::Admin, |r| r.to(maintenance::set)),
+        Route::new(Method::GET, "/api/v1/system/maintenance/pop", Capability::Admin, |r| r.to(maintenance::get_pop)),
+        Route::new(Method::POST, "/api/v1/system/maintenance/pop", Capability::Admin, |r| r.to(maintenance::set_pop)),
+        Route::new(Method::GET, "/api/v1/system/shared-state", Capability::Admin, |r| r.to(maintenance::shared_state)),
     ]
 }
 
 /// Registers every route of [`routes`] with its handler.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     for route in routes() {
-        let handler = match (route.method.as_str(), route.path) {
-            ("POST", "/api/v1/push") => web::post().to(push::push),
-            ("POST", "/api/v1/configure") => web::post().to(configure::configure),
-            ("GET", "/api/v1/resources/queues") => web::get().to(resources::list_queues),
-            ("GET", "/api/v1/resources/queues/{queue}") => web::get().to(resources::queue_detail),
-            ("DELETE", "/api/v1/resources/queues/{queue}") => {
-                web::delete().to(resources::delete_queue)
-            }
-            ("GET", "/api/v1/resources/namespaces") => web::get().to(resources::namespaces),
-            ("GET", "/api/v1/resources/tasks") => web::get().to(resources::tasks),
-            ("GET", "/api/v1/resources/overview") => web::get().to(resources::overview),
-            ("GET", "/api/v1/messages") => web::get().to(messages::list),
-            ("GET", "/api/v1/messages/{partitionId}/{transactionId}") => {
-                web::get().to(messages::detail)
-            }
-            ("GET", "/api/v1/pop/queue/{queue}") => web::get().to(pop::pop_queue),
-            ("GET", "/api/v1/pop/queue/{queue}/partition/{partition}") => {
-                web::get().to(pop::pop_partition)
-            }
-            ("GET", "/api/v1/pop") => web::get().to(pop::pop_matching),
-            ("POST", "/api/v1/ack") => web::post().to(ack::ack),
-            ("POST", "/api/v1/ack/batch") => web::post().to(ack::ack_batch),
-            ("POST", "/api/v1/lease/{lease_id}/extend") => web::post().to(lease::extend),
-            ("POST", "/api/v1/transaction") => web::post().to(transaction::transaction),
-            ("GET", "/api/v1/consumer-groups") => web::get().to(groups::list),
-            ("GET", "/api/v1/consumer-groups/lagging") => web::get().to(groups::lagging),
-            ("GET", "/api/v1/consumer-groups/{group}") => web::get().to(groups::get),
-            ("DELETE", "/api/v1/consumer-groups/{group}") => web::delete().to(groups::delete),
-            ("DELETE", "/api/v1/consumer-groups/{group}/queues/{queue}") => {
-                web::delete().to(groups::delete_for_queue)
-            }
-            ("POST", "/api/v1/consumer-groups/{group}/subscription") => {
-                web::post().to(groups::subscription)
-            }
-            ("POST", "/api/v1/consumer-groups/{group}/queues/{queue}/seek") => {
-                web::post().to(groups::seek_queue)
-            }
-            (
-                "POST",
-                "/api/v1/consumer-groups/{group}/queues/{queue}/partitions/{partition}/seek",
-            ) => web::post().to(groups::seek_partition),
-            ("GET", "/api/v1/dlq") => web::get().to(dlq::list),
-            ("GET", "/health") => web::get().to(health::health),
-            ("GET", "/health/live") => web::get().to(health::live),
-            ("GET", "/api/v1/system/maintenance") => web::get().to(maintenance::get),
-            ("POST", "/api/v1/system/maintenance") => web::post().to(maintenance::set),
-            ("GET", "/api/v1/system/maintenance/pop") => web::get().to(maintenance::get_pop),
-            ("POST", "/api/v1/system/maintenance/pop") => web::post().to(maintenance::set_pop),
-            ("GET", "/api/v1/system/shared-state") => web::get().to(maintenance::shared_state),
-            (method, path) => panic!("route {method} {path} is in the table but has no handler"),
-        };
-        cfg.route(route.path, handler);
+        cfg.route(
+            route.path,
+            (route.handler)(web::method(route.method.clone())),
+        );
     }
     cfg.default_service(web::to(fallback));
 }
