@@ -387,7 +387,11 @@ fn defer_migrations(pool: &PgPool, target: &str, reason: &str) {
 }
 
 /// Reads (push maintenance, pop maintenance) from PostgreSQL.
-async fn read_flags(pool: &PgPool) -> sqlx::Result<(bool, bool)> {
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn read_flags(pool: &PgPool) -> sqlx::Result<(bool, bool)> {
     use crate::storage::system;
     let push = system::flag(pool, system::MAINTENANCE).await?;
     let pop = system::flag(pool, system::POP_MAINTENANCE).await?;

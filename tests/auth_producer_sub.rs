@@ -1,6 +1,6 @@
 //! `producerSub` is stamped, not accepted (producing.md; reference §3.6): the `sub` of the
 //! verified token on every pushed item, whatever the body says; `null` without auth or `sub`.
-//! Read back from the stored segments (pop and the spool come with their own issues).
+//! Read back from the stored segments, through the spool, and popped back.
 
 mod auth_support;
 mod common;
@@ -115,4 +115,52 @@ async fn with_auth_off_producer_sub_is_null_even_when_a_token_is_sent() {
     {
         assert_eq!(stored.producer_sub, None, "{stored:?}");
     }
+}
+
+#[actix_web::test]
+async fn producer_sub_survives_the_spool_and_pops_back() {
+    let db = fresh_db().await;
+    let app = spawn_app_with(test_settings(
+        &db,
+        &[("JWT_ENABLED", "true"), ("JWT_SECRET", SECRET)],
+    ))
+    .await;
+    let admin = hs256(&claims("ops", "admin"));
+    let writer = hs256(&claims("svc-writer", "write-only"));
+    let on = call(
+        &app,
+        "POST",
+        "/api/v1/system/maintenance",
+        Some(&admin),
+        Some(&json!({ "enabled": true })),
+    )
+    .await;
+    assert_eq!(on.status, 200);
+    let body =
+        json!({ "items": [{ "queue": "spooled-subs", "payload": 1, "producerSub": "mallory" }] });
+    let reply = call(&app, "POST", "/api/v1/push", Some(&writer), Some(&body)).await;
+    assert_eq!(reply.body[0]["status"], "buffered");
+    let off = call(
+        &app,
+        "POST",
+        "/api/v1/system/maintenance",
+        Some(&admin),
+        Some(&json!({ "enabled": false })),
+    )
+    .await;
+    assert_eq!(off.status, 200);
+    app.drained().await;
+
+    let stored = db.stored("spooled-subs", "Default").await;
+    assert_eq!(stored[0].producer_sub.as_deref(), Some("svc-writer"));
+    let popped = call(
+        &app,
+        "GET",
+        "/api/v1/pop/queue/spooled-subs?autoAck=true",
+        Some(&admin),
+        None,
+    )
+    .await;
+    assert_eq!(popped.status, 200, "{}", popped.body);
+    assert_eq!(popped.body["messages"][0]["producerSub"], "svc-writer");
 }

@@ -32,19 +32,11 @@ fn buffer_stats(state: &AppState, db_healthy: bool) -> Value {
     })
 }
 
-/// Reads both flags from the database, falling back to the last known state.
+/// Reads both flags from the database (the poller alone updates the broker's own copy),
+/// falling back to the last known state when the database does not answer.
 async fn read_flags(state: &AppState) -> (bool, bool, bool) {
-    let read = async {
-        let push = system::flag(&state.pool, system::MAINTENANCE).await?;
-        let pop = system::flag(&state.pool, system::POP_MAINTENANCE).await?;
-        Ok::<_, sqlx::Error>((push, pop))
-    };
-    match tokio::time::timeout(DB_WAIT, read).await {
-        Ok(Ok((push, pop))) => {
-            state.spool.state.set_maintenance(push);
-            state.flags.set_pop_maintenance(pop);
-            (push, pop, true)
-        }
+    match tokio::time::timeout(DB_WAIT, crate::app::read_flags(&state.pool)).await {
+        Ok(Ok((push, pop))) => (push, pop, true),
         _ => (
             state.spool.state.maintenance(),
             state.flags.pop_maintenance(),
@@ -96,6 +88,8 @@ pub async fn set(
 ) -> Result<HttpResponse, ApiError> {
     let enabled = enabled_body(&req, payload, &state).await?;
     store_flag(&state, system::MAINTENANCE, enabled).await?;
+    // After the write, before the local change: a poll that read the old value is discarded.
+    state.flags.changed();
     state.spool.state.set_maintenance(enabled);
     tracing::info!(enabled, "maintenance mode changed");
     Ok(HttpResponse::Ok().json(json!({
@@ -127,6 +121,7 @@ pub async fn set_pop(
 ) -> Result<HttpResponse, ApiError> {
     let enabled = enabled_body(&req, payload, &state).await?;
     store_flag(&state, system::POP_MAINTENANCE, enabled).await?;
+    state.flags.changed();
     state.flags.set_pop_maintenance(enabled);
     Ok(HttpResponse::Ok().json(json!({
         "popMaintenanceMode": enabled,
