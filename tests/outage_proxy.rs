@@ -44,6 +44,13 @@ async fn an_outage_spools_and_recovery_replays_in_order_exactly_once() {
         200,
         "liveness never touches the database"
     );
+    let metrics = app.get("/metrics").await;
+    assert_eq!(metrics.body["spool"]["records"], 5, "{}", metrics.body);
+    assert!(metrics.body["spool"]["bytes"].as_u64().unwrap() > 0);
+    let (status, text) = app.get_text("/metrics/prometheus").await;
+    assert_eq!(status, 200);
+    assert!(text.contains("queen_file_buffer_pending 5"), "{text}");
+    assert!(text.contains("queen_file_buffer_db_healthy 0"), "{text}");
 
     proxy.restore();
     // Pushed at once after recovery: behind the spooled items, never before them.

@@ -15,6 +15,7 @@ pub mod health;
 pub mod lease;
 pub mod maintenance;
 pub mod messages;
+pub mod metrics;
 pub mod pop;
 pub mod push;
 pub mod resources;
@@ -105,6 +106,8 @@ pub fn routes() -> Vec<Route> {
         Route::new(Method::GET, "/api/v1/dlq", Capability::Read, |r| r.to(dlq::list)),
         Route::new(Method::GET, "/health", Capability::Public, |r| r.to(health::health)),
         Route::new(Method::GET, "/health/live", Capability::Public, |r| r.to(health::live)),
+        Route::new(Method::GET, "/metrics", Capability::Public, |r| r.to(metrics::json)),
+        Route::new(Method::GET, "/metrics/prometheus", Capability::Public, |r| r.to(metrics::prometheus)),
         Route::new(Method::GET, "/api/v1/system/maintenance", Capability::Admin, |r| r.to(maintenance::get)),
         Route::new(Method::POST, "/api/v1/system/maintenance", Capability::Admin, |r| r.to(maintenance::set)),
         Route::new(Method::GET, "/api/v1/system/maintenance/pop", Capability::Admin, |r| r.to(maintenance::get_pop)),
