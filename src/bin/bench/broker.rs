@@ -113,6 +113,11 @@ impl BrokerProcess {
         lines[lines.len().saturating_sub(10)..].join("\n")
     }
 
+    /// The broker's whole log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("broker.log")).unwrap_or_default()
+    }
+
     /// Lines of the broker's log that are warnings or errors (at most `max`).
     pub fn log_problems(&self, max: usize) -> Vec<String> {
         let text = std::fs::read_to_string(self.dir.join("broker.log")).unwrap_or_default();

@@ -73,11 +73,7 @@ impl Server {
     /// When the server cannot be reached.
     pub async fn connect(url: &str) -> Result<Self, BoxError> {
         let mut admin = PgConnection::connect(url).await?;
-        let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&mut admin)
-            .await?;
-        // The backend serving us is a child of the postmaster (when the server is local).
-        let postmaster = crate::measure::parent_of(backend as u32);
+        let postmaster = postmaster_of(&mut admin).await?;
         let mut settings = Vec::new();
         for name in [
             "server_version",
@@ -218,6 +214,46 @@ impl Server {
         Ok(bytes)
     }
 
+    /// The URL of the maintenance database.
+    pub fn admin_url(&self) -> &str {
+        &self.admin_url
+    }
+
+    /// Loads pg_stat_statements: on a private cluster by restarting it with the library
+    /// preloaded; on a given server only when it is already preloaded there.
+    ///
+    /// # Errors
+    ///
+    /// When the restart fails or the extension cannot be created.
+    pub async fn enable_profiling(&mut self) -> Result<(), BoxError> {
+        if let Some(cluster) = self.cluster.clone() {
+            sqlx::query("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+                .execute(&mut self.admin)
+                .await?;
+            tokio::task::spawn_blocking(move || -> Result<(), BoxError> {
+                cluster.stop(false)?;
+                cluster.start(true)?;
+                Ok(())
+            })
+            .await??;
+            self.admin = PgConnection::connect(&self.admin_url).await?;
+            self.postmaster = postmaster_of(&mut self.admin).await?;
+        }
+        let preload: String = sqlx::query_scalar("SHOW shared_preload_libraries")
+            .fetch_one(&mut self.admin)
+            .await?;
+        if !preload.contains("pg_stat_statements") {
+            return Err(
+                "--profile needs pg_stat_statements in the server's shared_preload_libraries"
+                    .into(),
+            );
+        }
+        sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .execute(&mut self.admin)
+            .await?;
+        Ok(())
+    }
+
     /// Stops a private cluster and removes its folder.
     pub fn shutdown(&self) {
         if let Some(cluster) = &self.cluster {
@@ -235,6 +271,14 @@ impl Server {
         let template = self.template.clone();
         let _ = self.drop_database(&template).await;
     }
+}
+
+/// The postmaster's pid: the parent of the backend serving `conn` (None when not local).
+async fn postmaster_of(conn: &mut PgConnection) -> Result<Option<u32>, BoxError> {
+    let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(conn)
+        .await?;
+    Ok(crate::measure::parent_of(backend as u32))
 }
 
 /// A point in a run: WAL position and server time.

@@ -14,6 +14,7 @@ mod db;
 mod http;
 mod load;
 mod measure;
+mod profile;
 mod report;
 mod scenario;
 
@@ -49,6 +50,8 @@ USAGE: bench [OPTIONS]   (build first: cargo build --release --bins)
   --broker-env K=V        extra environment for the broker (repeatable), e.g. QUEEN_COMMITTERS=8
   --json PATH             write every measurement and the summary as JSON
   --svg PATH              write a bar chart of msg/s as SVG
+  --profile               also record where the time goes (pg_stat_statements, sampled backend
+                          states, the broker's commit log); costs a little throughput
   -v, --verbose           print how long each setup step takes
   -h, --help              this text
 ";
@@ -71,6 +74,7 @@ struct Options {
     svg: Option<PathBuf>,
     quick: bool,
     verbose: bool,
+    profile: bool,
 }
 
 fn list<T: std::str::FromStr>(v: &str, name: &str) -> Result<Vec<T>, String> {
@@ -102,6 +106,7 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
         svg: None,
         quick: false,
         verbose: false,
+        profile: false,
     };
     let mut explicit = Vec::new();
     let mut it = args.iter();
@@ -116,6 +121,7 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
             "-h" | "--help" => return Ok(None),
             "--quick" => o.quick = true,
             "-v" | "--verbose" => o.verbose = true,
+            "--profile" => o.profile = true,
             "--no-baselines" => o.baselines = false,
             "--rounds" => o.rounds = value(arg)?.parse().map_err(|_| num_err(arg))?,
             "--duration" => o.duration = value(arg)?.parse().map_err(|_| num_err(arg))?,
@@ -291,6 +297,9 @@ async fn run_on(
             "bench: note: PostgreSQL's processes are not visible here; its CPU is not reported"
         );
     }
+    if o.profile {
+        server.enable_profiling().await?;
+    }
     server.prepare_template().await?;
     let params = Params {
         connections: o.connections,
@@ -302,6 +311,7 @@ async fn run_on(
         broker_env: o.broker_env.clone(),
         ticks_per_sec: measure::clock_ticks_per_sec(),
         verbose: o.verbose,
+        profile: o.profile,
     };
     let scenarios = plan(o);
     let total = scenarios.len() * o.rounds;
@@ -332,6 +342,9 @@ async fn run_on(
                     format!("\n      ! {}", m.problems.join("\n      ! "))
                 }
             );
+            if let Some(p) = &m.profile {
+                eprint!("{}", profile::text(p));
+            }
             results.all.push(m);
         }
     }

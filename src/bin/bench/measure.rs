@@ -259,6 +259,11 @@ pub struct CpuUse {
 }
 
 impl CpuUse {
+    /// Cores used by the parties of the benchmark (broker, PostgreSQL, load generator).
+    pub fn ours(&self) -> f64 {
+        self.broker + self.postgres + self.load
+    }
+
     /// Average cores used between two snapshots taken `secs` apart.
     pub fn between(a: &CpuSnapshot, b: &CpuSnapshot, secs: f64, ticks_per_sec: f64) -> Self {
         let per = |x: u64, y: u64| y.saturating_sub(x) as f64 / ticks_per_sec / secs;

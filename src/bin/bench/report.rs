@@ -37,20 +37,31 @@ pub struct Row {
     pub cpu: CpuUse,
     /// Median WAL bytes per message.
     pub wal_bytes_per_msg: f64,
-    /// Median of per-round ratios against baseline (1) with the same partitions and dedup.
-    pub vs_segments: Option<f64>,
+    /// CPU (broker + PostgreSQL + load generator) per message, microseconds.
+    pub cpu_us_per_msg: f64,
+    /// Against baseline (1) with the same partitions and dedup.
+    pub vs_segments: Option<Versus>,
     /// ... against (1+), the broker's transaction shape by SQL.
-    pub vs_segment_txn: Option<f64>,
+    pub vs_segment_txn: Option<Versus>,
     /// ... against baseline (2), naive with the unique dedup index.
-    pub vs_naive: Option<f64>,
+    pub vs_naive: Option<Versus>,
     /// ... against (2'), naive without a dedup index.
-    pub vs_naive_plain: Option<f64>,
+    pub vs_naive_plain: Option<Versus>,
     /// Failed requests over all rounds.
     pub errors: u64,
     /// Items not `queued` over all rounds.
     pub not_queued: u64,
     /// Rounds whose stored count did not match.
     pub unverified: usize,
+}
+
+/// A comparison with a baseline: medians of per-round ratios.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Versus {
+    /// msg/s over the baseline's msg/s.
+    pub throughput: f64,
+    /// msg per CPU-second over the baseline's.
+    pub per_cpu: Option<f64>,
 }
 
 /// Everything measured, by scenario and round.
@@ -66,21 +77,34 @@ impl Results {
 
     /// The median over rounds of `a`'s msg/s divided by `b`'s in the same round.
     pub fn ratio(&self, a: Scenario, b: Scenario) -> Option<f64> {
-        let by_round: HashMap<usize, f64> = self
-            .of(b)
-            .iter()
-            .map(|m| (m.round, m.msgs_per_sec))
-            .collect();
+        self.ratio_of(a, b, |m| m.msgs_per_sec)
+    }
+
+    /// The same for messages per CPU-second (broker + PostgreSQL + load generator): what the
+    /// ratio would be if both had been given the same CPU.
+    pub fn cpu_ratio(&self, a: Scenario, b: Scenario) -> Option<f64> {
+        self.ratio_of(a, b, |m| m.msgs_per_sec / m.cpu.ours())
+    }
+
+    fn ratio_of(&self, a: Scenario, b: Scenario, f: fn(&Measurement) -> f64) -> Option<f64> {
+        let by_round: HashMap<usize, f64> = self.of(b).iter().map(|m| (m.round, f(m))).collect();
         let ratios: Vec<f64> = self
             .of(a)
             .iter()
             .filter_map(|m| {
                 let base = by_round.get(&m.round)?;
-                (*base > 0.0).then(|| m.msgs_per_sec / base)
+                (*base > 0.0 && base.is_finite()).then(|| f(m) / base)
             })
             .collect();
         let r = median(&ratios);
         r.is_finite().then_some(r)
+    }
+
+    fn versus(&self, a: Scenario, b: Scenario) -> Option<Versus> {
+        Some(Versus {
+            throughput: self.ratio(a, b)?,
+            per_cpu: self.cpu_ratio(a, b),
+        })
     }
 
     /// One row per scenario, in first-measured order.
@@ -111,22 +135,22 @@ impl Results {
         };
         let (vs_segments, vs_segment_txn, vs_naive, vs_naive_plain) = match s.kind {
             Kind::Broker { .. } => (
-                self.ratio(s, base(Kind::SegmentRows, s.dedup)),
-                self.ratio(s, base(Kind::SegmentTxn, s.dedup)),
-                self.ratio(s, base(Kind::Naive, true)),
-                self.ratio(s, base(Kind::Naive, false)),
+                self.versus(s, base(Kind::SegmentRows, s.dedup)),
+                self.versus(s, base(Kind::SegmentTxn, s.dedup)),
+                self.versus(s, base(Kind::Naive, true)),
+                self.versus(s, base(Kind::Naive, false)),
             ),
             Kind::SegmentTxn => (
-                self.ratio(s, base(Kind::SegmentRows, s.dedup)),
+                self.versus(s, base(Kind::SegmentRows, s.dedup)),
                 None,
-                self.ratio(s, base(Kind::Naive, true)),
-                self.ratio(s, base(Kind::Naive, false)),
+                self.versus(s, base(Kind::Naive, true)),
+                self.versus(s, base(Kind::Naive, false)),
             ),
             Kind::SegmentRows => (
                 None,
                 None,
-                self.ratio(s, base(Kind::Naive, true)),
-                self.ratio(s, base(Kind::Naive, false)),
+                self.versus(s, base(Kind::Naive, true)),
+                self.versus(s, base(Kind::Naive, false)),
             ),
             Kind::Naive => (None, None, None, None),
         };
@@ -149,6 +173,7 @@ impl Results {
                 cores: pick(&|m| m.cpu.cores),
             },
             wal_bytes_per_msg: pick(&|m| m.wal_bytes_per_msg),
+            cpu_us_per_msg: pick(&|m| m.cpu.ours() / m.msgs_per_sec * 1e6),
             vs_segments,
             vs_segment_txn,
             vs_naive,
@@ -173,11 +198,14 @@ impl Results {
         };
         let mut out = Vec::new();
         if let Some(r) = self.ratio(broker(100, true), base(Kind::SegmentRows, true)) {
-            let txn = self
-                .ratio(broker(100, true), base(Kind::SegmentTxn, true))
-                .map_or(String::new(), |p| {
-                    format!("vs (1+) the broker's transaction by SQL: {p:.2}×")
-                });
+            let mut notes = Vec::new();
+            if let Some(c) = self.cpu_ratio(broker(100, true), base(Kind::SegmentRows, true)) {
+                notes.push(format!("per CPU-second vs (1): {c:.2}×"));
+            }
+            if let Some(p) = self.ratio(broker(100, true), base(Kind::SegmentTxn, true)) {
+                notes.push(format!("vs (1+) the broker's transaction by SQL: {p:.2}×"));
+            }
+            let txn = notes.join("; ");
             out.push(Target {
                 name: format!("batch 100, {partitions} partitions, dedup on vs baseline (1)"),
                 value: r,
@@ -187,11 +215,14 @@ impl Results {
             });
         }
         if let Some(r) = self.ratio(broker(100, false), base(Kind::Naive, true)) {
-            let plain = self
-                .ratio(broker(100, false), base(Kind::Naive, false))
-                .map_or(String::new(), |p| {
-                    format!("vs (2') naive without the unique index: {p:.2}×")
-                });
+            let mut notes = Vec::new();
+            if let Some(c) = self.cpu_ratio(broker(100, false), base(Kind::Naive, true)) {
+                notes.push(format!("per CPU-second vs (2): {c:.2}×"));
+            }
+            if let Some(p) = self.ratio(broker(100, false), base(Kind::Naive, false)) {
+                notes.push(format!("vs (2') naive without the unique index: {p:.2}×"));
+            }
+            let plain = notes.join("; ");
             out.push(Target {
                 name: format!("batch 100, {partitions} partitions, dedup off vs naive (2)"),
                 value: r,
@@ -263,6 +294,18 @@ fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("-".into(), |x| format!("{x:.digits$}"))
 }
 
+/// "throughput ratio (per-CPU ratio)".
+fn vs(v: Option<Versus>) -> String {
+    match v {
+        None => "-".into(),
+        Some(Versus {
+            throughput,
+            per_cpu: Some(c),
+        }) => format!("{throughput:.2} ({c:.2})"),
+        Some(v) => format!("{:.2}", v.throughput),
+    }
+}
+
 fn kilo(v: f64) -> String {
     if !v.is_finite() {
         "-".into()
@@ -278,8 +321,8 @@ fn kilo(v: f64) -> String {
 /// The results table, as Markdown (readable as plain text too).
 pub fn table(rows: &[Row]) -> String {
     let mut out = String::new();
-    out.push_str("| scenario | msg/s (median) | min–max | p50 ms | p99 ms | msg/segment | broker RSS MB | CPU cores broker/pg/load/other | WAL B/msg | vs (1) | vs (1+) | vs (2) | vs (2') |\n");
-    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    out.push_str("| scenario | msg/s (median) | min–max | p50 ms | p99 ms | msg/segment | broker RSS MB | CPU cores broker/pg/load/other | CPU µs/msg | WAL B/msg | vs (1) | vs (1+) | vs (2) | vs (2') |\n");
+    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for r in rows {
         let mut flags = String::new();
         if r.errors > 0 || r.not_queued > 0 {
@@ -290,7 +333,7 @@ pub fn table(rows: &[Row]) -> String {
         }
         let _ = writeln!(
             out,
-            "| `{}`{} | {} | {}–{} | {:.1} | {:.1} | {} | {} | {:.2}/{:.2}/{:.2}/{:.2} | {:.0} | {} | {} | {} | {} |",
+            "| `{}`{} | {} | {}–{} | {:.1} | {:.1} | {} | {} | {:.2}/{:.2}/{:.2}/{:.2} | {:.0} | {:.0} | {} | {} | {} | {} |",
             r.label,
             flags,
             kilo(r.msgs_per_sec),
@@ -304,11 +347,12 @@ pub fn table(rows: &[Row]) -> String {
             r.cpu.postgres,
             r.cpu.load,
             r.cpu.other,
+            r.cpu_us_per_msg,
             r.wal_bytes_per_msg,
-            opt(r.vs_segments, 2),
-            opt(r.vs_segment_txn, 2),
-            opt(r.vs_naive, 2),
-            opt(r.vs_naive_plain, 2),
+            vs(r.vs_segments),
+            vs(r.vs_segment_txn),
+            vs(r.vs_naive),
+            vs(r.vs_naive_plain),
         );
     }
     out
@@ -389,17 +433,21 @@ pub fn svg(rows: &[Row], title: &str) -> String {
                 color: "#b0b0b0",
             });
         }
-        if let Some(r) = find(Kind::Naive, p, d) {
-            let label = if d {
-                "(2) naive + unique index"
-            } else {
-                "(2') naive, no index"
-            };
-            bars.push(Bar {
-                label: label.into(),
-                row: r,
-                color: "#d6d6d6",
-            });
+        // (2) is the naive baseline for both dedup settings; (2') only applies without dedup.
+        let naive: &[bool] = if d { &[true] } else { &[true, false] };
+        for &unique in naive {
+            if let Some(r) = find(Kind::Naive, p, unique) {
+                let label = if unique {
+                    "(2) naive + unique index"
+                } else {
+                    "(2') naive, no index"
+                };
+                bars.push(Bar {
+                    label: label.into(),
+                    row: r,
+                    color: if unique { "#d6d6d6" } else { "#e8e8e8" },
+                });
+            }
         }
         for (n, b) in batches.iter().enumerate() {
             if let Some(r) = find(Kind::Broker { batch: *b }, p, d) {
@@ -447,7 +495,11 @@ pub fn svg(rows: &[Row], title: &str) -> String {
             s,
             r##"<line x1="{xx:.1}" y1="{head}" x2="{xx:.1}" y2="{axis_bottom:.1}" stroke="#e6e6e6"/><text x="{xx:.1}" y="{:.1}" text-anchor="middle" fill="#555">{}</text>"##,
             axis_bottom + 16.0,
-            kilo(t)
+            if t >= 1000.0 {
+                format!("{}k", t / 1000.0)
+            } else {
+                format!("{t}")
+            }
         );
         t += step;
     }

@@ -15,6 +15,7 @@ use crate::broker::BrokerProcess;
 use crate::db::{self, Server};
 use crate::load;
 use crate::measure::{CpuTargets, CpuUse, Window, WorkerStats};
+use crate::profile::{self, Profile};
 use crate::BoxError;
 
 /// What is measured.
@@ -86,6 +87,8 @@ pub struct Params {
     pub ticks_per_sec: f64,
     /// Print the time each setup step takes.
     pub verbose: bool,
+    /// Collect a profile (pg_stat_statements, backend states, broker commits).
+    pub profile: bool,
 }
 
 /// The result of one measurement.
@@ -119,9 +122,12 @@ pub struct Measurement {
     pub problems: Vec<String>,
     /// Whether the database holds exactly the messages reported stored.
     pub verified: bool,
+    /// Where the time went (with `--profile`).
+    pub profile: Option<Profile>,
 }
 
 struct Observed {
+    profile: Option<Profile>,
     stats: WorkerStats,
     cpu: CpuUse,
     wal_bytes: f64,
@@ -130,27 +136,55 @@ struct Observed {
 }
 
 /// Runs the timed part: waits for the window, reads counters at both ends, joins the workers.
+/// With `profile` (the scenario's database name), also collects a [`Profile`].
 async fn observe(
     server: &mut Server,
     targets: CpuTargets,
     window: Window,
     workers: Vec<JoinHandle<WorkerStats>>,
     ticks_per_sec: f64,
+    profile: Option<&str>,
 ) -> Result<Observed, BoxError> {
     tokio::time::sleep_until(window.start.into()).await;
     let c0 = targets.snapshot();
     let t0 = Instant::now();
     let m0 = server.mark().await?;
+    let sampler = match profile {
+        Some(db) => {
+            profile::reset_statements(&mut server.admin).await?;
+            Some(profile::sample_backends(
+                server.admin_url().to_string(),
+                db.to_string(),
+                window.end,
+            ))
+        }
+        None => None,
+    };
     tokio::time::sleep_until(window.end.into()).await;
     let c1 = targets.snapshot();
     let secs = t0.elapsed().as_secs_f64();
     let m1 = server.mark().await?;
+    let profile = match (profile, sampler) {
+        (Some(db), Some(sampler)) => {
+            let statements = profile::top_statements(&mut server.admin, db).await?;
+            let (counts, samples) = sampler.await??;
+            let (backend_states, backends) = profile::shares(counts, samples);
+            Some(Profile {
+                statements,
+                backend_states,
+                backends,
+                commits: None,
+            })
+        }
+        _ => None,
+    };
     let mut all = Vec::with_capacity(workers.len());
     for w in workers {
         all.push(w.await?);
     }
     let wal_bytes = server.wal_bytes(&m0, &m1).await?;
     Ok(Observed {
+        profile,
         stats: WorkerStats::merge(all),
         cpu: CpuUse::between(&c0, &c1, secs, ticks_per_sec),
         wal_bytes,
@@ -195,6 +229,7 @@ fn measurement(
         not_queued: o.stats.not_queued,
         problems,
         verified: false,
+        profile: o.profile.clone(),
     }
 }
 
@@ -222,7 +257,7 @@ pub async fn run(
     let name = server.create_database().await?;
     trace(params, "create database", t);
     let url = server.url(&name);
-    let result = run_in(server, params, scenario, round, &url).await;
+    let result = run_in(server, params, scenario, round, &url, &name).await;
     let t = Instant::now();
     server.drop_database(&name).await?;
     trace(params, "drop database", t);
@@ -235,7 +270,9 @@ async fn run_in(
     scenario: Scenario,
     round: usize,
     url: &str,
+    name: &str,
 ) -> Result<Measurement, BoxError> {
+    let profiled = params.profile.then_some(name);
     let mut conn = PgConnection::connect(url).await?;
     let tag = crate::data::fresh_seed();
     let m = match scenario.kind {
@@ -244,7 +281,11 @@ async fn run_in(
             db::setup_queue(&mut conn, scenario.partitions, scenario.dedup).await?;
             trace(params, "setup", t);
             let t = Instant::now();
-            let broker = BrokerProcess::start(&params.broker_bin, url, &params.broker_env).await?;
+            let mut env = params.broker_env.clone();
+            if params.profile {
+                env.push(("RUST_LOG".into(), "broker_actors::committer=trace".into()));
+            }
+            let broker = BrokerProcess::start(&params.broker_bin, url, &env).await?;
             trace(params, "broker start", t);
             let t = Instant::now();
             let primed = load::prime(broker.port, scenario.partitions, params.connections).await?;
@@ -265,9 +306,18 @@ async fn run_in(
                 window,
                 tag,
             );
-            let o = observe(server, targets, window, workers, params.ticks_per_sec).await?;
+            let o = observe(
+                server,
+                targets,
+                window,
+                workers,
+                params.ticks_per_sec,
+                profiled,
+            )
+            .await?;
             let peak = crate::measure::peak_rss_bytes(broker.pid());
             let broker_problems = broker.log_problems(3);
+            let commits = profile::commits_from_log(&broker.log());
             let t = Instant::now();
             broker.stop();
             trace(params, "broker stop", t);
@@ -289,6 +339,9 @@ async fn run_in(
                 ));
             }
             m.problems.extend(broker_problems);
+            if let Some(p) = &mut m.profile {
+                p.commits = commits;
+            }
             m
         }
         Kind::SegmentRows | Kind::SegmentTxn => {
@@ -314,7 +367,15 @@ async fn run_in(
                 window,
                 tag,
             );
-            let o = observe(server, targets, window, workers, params.ticks_per_sec).await?;
+            let o = observe(
+                server,
+                targets,
+                window,
+                workers,
+                params.ticks_per_sec,
+                profiled,
+            )
+            .await?;
             let (msgs, segs) = db::segments_between(&mut conn, &o.marks.0, &o.marks.1).await?;
             let stored = db::stored_messages(&mut conn).await?;
             let mut m = measurement(
@@ -344,7 +405,15 @@ async fn run_in(
                 window,
                 tag,
             );
-            let o = observe(server, targets, window, workers, params.ticks_per_sec).await?;
+            let o = observe(
+                server,
+                targets,
+                window,
+                workers,
+                params.ticks_per_sec,
+                profiled,
+            )
+            .await?;
             let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM bench_messages")
                 .fetch_one(&mut conn)
                 .await?;
