@@ -322,7 +322,7 @@ async fn run_on(
             n += 1;
             let m = scenario::run(server, &params, s, round).await?;
             eprintln!(
-                "[{:>3}/{total} {:>4.0}s] round {} {}: {:>9.0} msg/s  p50 {:>6.1} ms  p99 {:>6.1} ms{}  cpu b{:.2} pg{:.2} load{:.2} other{:.2}{}",
+                "[{:>3}/{total} {:>4.0}s] round {} {:<44} {:>9.0} msg/s  p50 {:>6.1} ms  p99 {:>6.1} ms{}  cpu b{:.2} pg{:.2} load{:.2} other{:.2}{}",
                 n,
                 started.elapsed().as_secs_f64(),
                 round + 1,

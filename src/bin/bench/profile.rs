@@ -31,6 +31,10 @@ pub struct Statement {
     pub total_ms: f64,
     /// Mean execution time, ms.
     pub mean_ms: f64,
+    /// Shared buffers touched per call (hit + read): a scan that grows with the table shows.
+    pub blocks_per_call: f64,
+    /// Rows returned or affected per call.
+    pub rows_per_call: f64,
 }
 
 /// The broker's commit transactions, from its trace log (warm-up included).
@@ -134,9 +138,11 @@ pub async fn top_statements(
     admin: &mut PgConnection,
     database: &str,
 ) -> Result<Vec<Statement>, BoxError> {
-    let rows: Vec<(String, i64, f64, f64)> = sqlx::query_as(
+    let rows: Vec<(String, i64, f64, f64, f64, f64)> = sqlx::query_as(
         "SELECT left(regexp_replace(s.query, '\\s+', ' ', 'g'), 110), s.calls,
-                s.total_exec_time, s.mean_exec_time
+                s.total_exec_time, s.mean_exec_time,
+                (s.shared_blks_hit + s.shared_blks_read)::float8 / greatest(s.calls, 1),
+                s.rows::float8 / greatest(s.calls, 1)
            FROM pg_stat_statements s
            JOIN pg_database d ON d.oid = s.dbid
           WHERE d.datname = $1
@@ -148,12 +154,16 @@ pub async fn top_statements(
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(query, calls, total_ms, mean_ms)| Statement {
-            query,
-            calls,
-            total_ms,
-            mean_ms,
-        })
+        .map(
+            |(query, calls, total_ms, mean_ms, blocks_per_call, rows_per_call)| Statement {
+                query,
+                calls,
+                total_ms,
+                mean_ms,
+                blocks_per_call,
+                rows_per_call,
+            },
+        )
         .collect())
 }
 
@@ -222,11 +232,13 @@ pub fn text(p: &Profile) -> String {
         }
     }
     if !p.statements.is_empty() {
-        out.push_str("      statements by total time (calls, mean ms, total ms):\n");
+        out.push_str(
+            "      statements by total time (calls, mean ms, total ms, buffers/call, rows/call):\n",
+        );
         for s in &p.statements {
             out.push_str(&format!(
-                "        {:>8} {:>8.3} {:>9.0}  {}\n",
-                s.calls, s.mean_ms, s.total_ms, s.query
+                "        {:>8} {:>8.3} {:>9.0} {:>9.1} {:>8.1}  {}\n",
+                s.calls, s.mean_ms, s.total_ms, s.blocks_per_call, s.rows_per_call, s.query
             ));
         }
     }

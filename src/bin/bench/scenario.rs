@@ -50,19 +50,13 @@ impl Scenario {
     /// A one-line label.
     pub fn label(&self) -> String {
         let d = if self.dedup { "on" } else { "off" };
+        let p = self.partitions;
         match self.kind {
-            Kind::Broker { batch } => {
-                format!(
-                    "broker   batch {batch:<3} P={:<5} dedup {d}",
-                    self.partitions
-                )
-            }
-            Kind::SegmentRows => format!("(1) segment rows    P={:<5} dedup {d}", self.partitions),
-            Kind::SegmentTxn => format!("(1+) segment txn    P={:<5} dedup {d}", self.partitions),
-            Kind::Naive if self.dedup => {
-                format!("(2) naive + uniq    P={:<5}", self.partitions)
-            }
-            Kind::Naive => format!("(2') naive, no uniq P={:<5}", self.partitions),
+            Kind::Broker { batch } => format!("broker, batch {batch}, P={p}, dedup {d}"),
+            Kind::SegmentRows => format!("(1) segment rows by SQL, P={p}, dedup {d}"),
+            Kind::SegmentTxn => format!("(1+) broker's txn by SQL, P={p}, dedup {d}"),
+            Kind::Naive if self.dedup => format!("(2) naive + unique index, P={p}"),
+            Kind::Naive => format!("(2') naive, no index, P={p}"),
         }
     }
 }
