@@ -67,12 +67,15 @@ pub struct Profile {
     pub commits: Option<Commits>,
 }
 
+/// Sampled backend states (state → count) and the number of samples taken.
+type BackendSamples = (BTreeMap<String, u64>, u64);
+
 /// Samples pg_stat_activity for one database until `end`.
 pub fn sample_backends(
     admin_url: String,
     database: String,
     end: Instant,
-) -> JoinHandle<Result<(BTreeMap<String, u64>, u64), String>> {
+) -> JoinHandle<Result<BackendSamples, String>> {
     tokio::spawn(async move {
         let mut conn = PgConnection::connect(&admin_url)
             .await
