@@ -4,8 +4,10 @@
 //! - `retention_enabled` and `retention_seconds` > 0 and it is older than that, or
 //! - `max_wait_time_seconds` > 0 and it is older than that (consumed or not), or
 //! - `retention_enabled` and `completed_retention_seconds` > 0, it is older than that, and every
-//!   consumer group has consumed all of it (`queen.partition_consumed`, see
-//!   `migrations/0003_admin.up.sql`).
+//!   consumer group of its partition has consumed all of it (`queen.partition_consumed`, see
+//!   `migrations/0004_completed_retention.up.sql`: the groups are those subscribed to the queue,
+//!   queue mode included, plus any with a cursor on the partition; a group without a cursor on
+//!   the partition has consumed nothing of it, and a partition without groups nothing at all).
 //!
 //! Only a prefix of each partition is removed: the scan stops at the first segment that must
 //! stay, so a partition's segments always cover `[first base_offset, next_offset)` without holes
