@@ -60,8 +60,9 @@ async fn configure_is_a_full_replace_and_the_response_shows_the_reset() {
             &json!({"queue": "jobs", "namespace": "billing", "task": "invoices", "options": {
                 "leaseTime": 60, "retryLimit": 7, "priority": 5, "delayedProcessing": 2,
                 "windowBuffer": 3, "retentionEnabled": true, "retentionSeconds": 600,
-                "maxWaitTimeSeconds": 900, "dedupWindowSeconds": 0, "ttl": 10,
-                "retryDelay": 50, "deadLetterQueue": true, "dlqAfterMaxRetries": true
+                "completedRetentionSeconds": 120, "maxWaitTimeSeconds": 900,
+                "dedupWindowSeconds": 0, "ttl": 10, "retryDelay": 50, "deadLetterQueue": true,
+                "dlqAfterMaxRetries": true
             }}),
         )
         .await;
@@ -75,6 +76,7 @@ async fn configure_is_a_full_replace_and_the_response_shows_the_reset() {
         ),
         (json!(60), json!(0), json!(5))
     );
+    assert_eq!(o["completedRetentionSeconds"], 120);
     assert_eq!(first.body["namespace"], "billing");
 
     let second = app
@@ -171,10 +173,6 @@ async fn bad_requests_are_400_and_store_nothing() {
         (
             json!({"queue": "q", "options": {"maxSize": 100}}),
             "option maxSize is not supported yet: no queue size limit is enforced; send 0 (no limit)",
-        ),
-        (
-            json!({"queue": "q", "options": {"completedRetentionSeconds": 60}}),
-            "option completedRetentionSeconds is not supported yet: it needs consumer cursors; use retentionSeconds or maxWaitTimeSeconds",
         ),
     ];
     for (body, error) in cases {

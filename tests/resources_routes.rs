@@ -1,8 +1,10 @@
 //! The resource routes over HTTP against a real PostgreSQL (reference §9.5).
 
 mod common;
+mod consuming;
 
 use common::{fresh_db, spawn_app, TestApp};
+use consuming::{ack_all, ack_one, messages, pop_partition};
 use serde_json::{json, Value};
 
 async fn push(app: &TestApp, queue: &str, partition: &str, n: usize) {
@@ -172,5 +174,106 @@ async fn namespaces_tasks_and_overview_sum_their_queues() {
     );
     assert_eq!(o["messages"], counts(7));
     assert!(o["throughput"]["ingestedPerSecond"].as_f64().unwrap() > 0.0);
-    assert_eq!(o["lag"]["time"]["max"], 0);
+    assert_eq!(
+        o["lag"]["time"],
+        json!({"avg": 0.0, "median": 0.0, "min": 0.0, "max": 0.0}),
+        "nobody consumes, so nobody lags"
+    );
+}
+
+fn stats(total: i64, pending: i64, processing: i64, completed: i64, dead: i64) -> Value {
+    json!({"total": total, "pending": pending, "processing": processing, "completed": completed,
+           "failed": 0, "deadLetter": dead})
+}
+
+/// Pops one partition for `group` (queue mode when `None`) and acks everything popped.
+async fn consume(app: &TestApp, queue: &str, partition: &str, group: Option<&str>, batch: usize) {
+    let query = match group {
+        Some(g) => format!("batch={batch}&consumerGroup={g}"),
+        None => format!("batch={batch}"),
+    };
+    let reply = pop_partition(app, queue, partition, &query).await;
+    assert_eq!(messages(&reply).len(), batch);
+    ack_all(app, &reply, "completed", group).await;
+}
+
+#[actix_web::test]
+async fn counts_follow_the_consumers() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    // Queue mode on `work/p`: 2 consumed, 1 dead-lettered, 2 under a live lease, 1 pending.
+    push(&app, "work", "p", 2).await;
+    push(&app, "work", "p", 4).await;
+    consume(&app, "work", "p", None, 2).await;
+    let leased = pop_partition(&app, "work", "p", "batch=3").await;
+    let leased = messages(&leased);
+    assert_eq!(ack_one(&app, &leased[0], "dlq", None).await["dlq"], true);
+    // Queue mode subscribed to `work` but never touched `idle`: all pending.
+    push(&app, "work", "idle", 2).await;
+    // Bus mode on `events/e`: g1 consumed 3, g2 1 and holds a lease on the next 2 (a named
+    // group's lease is not `processing`): completed is what both consumed.
+    push(&app, "events", "e", 4).await;
+    consume(&app, "events", "e", Some("g1"), 3).await;
+    consume(&app, "events", "e", Some("g2"), 1).await;
+    let held = pop_partition(&app, "events", "e", "batch=2&consumerGroup=g2").await;
+    assert_eq!(messages(&held).len(), 2);
+
+    let work = app.get("/api/v1/resources/queues/work").await;
+    assert_eq!(work.status, 200, "{:?}", work.body);
+    let partitions = work.body["partitions"].as_array().unwrap();
+    assert_eq!(partitions[0]["name"], "idle");
+    assert_eq!(partitions[0]["stats"], stats(2, 2, 0, 0, 0));
+    assert_eq!(partitions[1]["name"], "p");
+    assert_eq!(partitions[1]["stats"], stats(6, 1, 2, 2, 1));
+    assert_eq!(work.body["totals"], stats(8, 3, 2, 2, 1));
+
+    let events = app.get("/api/v1/resources/queues/events").await;
+    assert_eq!(events.body["totals"], stats(4, 3, 0, 1, 0));
+
+    let list = app.get("/api/v1/resources/queues").await;
+    let by_name = |name: &str| {
+        list.body["queues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|q| q["name"] == name)
+            .unwrap()["messages"]
+            .clone()
+    };
+    assert_eq!(
+        by_name("work"),
+        json!({"total": 8, "pending": 3, "processing": 2})
+    );
+    assert_eq!(
+        by_name("events"),
+        json!({"total": 4, "pending": 3, "processing": 0})
+    );
+
+    let overview = app.get("/api/v1/resources/overview").await.body;
+    assert_eq!(overview["messages"], stats(12, 6, 2, 3, 1));
+    // Pairs with something unconsumed: queue mode on p (3 left: offsets 3..6) and idle (2),
+    // g1 on e (1), g2 on e (3).
+    assert_eq!(
+        overview["lag"]["offset"],
+        json!({"avg": 2.25, "median": 2.5, "min": 1.0, "max": 3.0})
+    );
+    let time = &overview["lag"]["time"];
+    assert!(time["max"].as_f64().unwrap() >= 0.0 && time["max"].as_f64().unwrap() < 60.0);
+    assert_eq!(overview["throughput"]["processedPerSecond"], 0);
+
+    // Completed retention takes p's first segment (consumed): the rest is counted from the
+    // stored range.
+    db.exec(
+        "UPDATE queen.queues SET retention_enabled = true, completed_retention_seconds = 60
+          WHERE name = 'work'",
+    )
+    .await;
+    db.exec("UPDATE queen.segments SET created_at = created_at - interval '2 hours'")
+        .await;
+    let removed = queen_broker::storage::retention::sweep(&app.broker.state.pool, 100)
+        .await
+        .unwrap();
+    assert_eq!((removed.segments, removed.messages), (1, 2));
+    let work = app.get("/api/v1/resources/queues/work").await;
+    assert_eq!(work.body["partitions"][1]["stats"], stats(4, 1, 2, 0, 1));
 }

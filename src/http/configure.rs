@@ -126,12 +126,6 @@ pub fn parse_options(raw: &Map<String, Value>) -> Result<QueueOptions, ApiError>
             "payloads are stored as received; send false",
         ));
     }
-    if parsed.completed_retention_seconds > 0 {
-        return Err(unsupported(
-            "completedRetentionSeconds",
-            "it needs consumer cursors; use retentionSeconds or maxWaitTimeSeconds",
-        ));
-    }
     Ok(parsed)
 }
 
@@ -287,7 +281,6 @@ mod tests {
             ("encryptionEnabled", json!(true)),
             ("maxSize", json!(10)),
             ("maxQueueSize", json!(10)),
-            ("completedRetentionSeconds", json!(60)),
         ] {
             let e = err(json!({"queue": "q", "options": {option: value}}));
             assert!(

@@ -2,8 +2,9 @@
 //! §9.3): messages decoded from their segments for operators. Payloads are sent exactly as they
 //! were pushed (raw JSON text, never re-encoded), under `payload`.
 //!
-//! Fields that describe consumer state come from `storage::messages::message_status` and read
-//! `pending` until consumer cursors exist.
+//! Fields that describe consumer state (`status`, `queueStatus`, `busStatus`, `leaseExpiresAt`,
+//! `mode`, the detail's `consumerGroups`) come from `storage::progress`, which documents the
+//! rules.
 
 use std::collections::HashMap;
 
@@ -16,7 +17,7 @@ use uuid::Uuid;
 use crate::app::AppState;
 use crate::http::error::ApiError;
 use crate::http::resources::iso_millis;
-use crate::storage::messages::{self, message_status, Filter, StoredMessage};
+use crate::storage::messages::{self, Filter, Listed, MessageStatus, Page};
 use crate::storage::queues;
 
 /// Default and largest page of the list.
@@ -26,8 +27,8 @@ const MAX_LIMIT: usize = 1000;
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct BusStatus {
-    consumed_by: u32,
-    total_groups: u32,
+    consumed_by: usize,
+    total_groups: usize,
 }
 
 /// One message as the list shows it.
@@ -54,8 +55,8 @@ struct MessageView<'a> {
 }
 
 impl<'a> MessageView<'a> {
-    fn new(m: &'a StoredMessage) -> Result<Self, ApiError> {
-        let status = message_status(m).as_str();
+    fn new(listed: &'a Listed) -> Result<Self, ApiError> {
+        let m = &listed.message;
         let created_at = DateTime::from_timestamp_micros(m.created_at_micros).unwrap_or_default();
         Ok(Self {
             id: m.id,
@@ -66,17 +67,17 @@ impl<'a> MessageView<'a> {
             partition: &m.partition,
             namespace: &m.namespace,
             task: &m.task,
-            status,
-            queue_status: status,
+            status: listed.status.as_str(),
+            queue_status: listed.queue_status.as_str(),
             bus_status: BusStatus {
-                consumed_by: 0,
-                total_groups: 0,
+                consumed_by: listed.consumed_by,
+                total_groups: listed.total_groups,
             },
             trace_id: m.trace_id.as_deref(),
             producer_sub: m.producer_sub.as_deref(),
             queue_priority: m.priority,
             created_at: iso_millis(created_at),
-            lease_expires_at: None,
+            lease_expires_at: listed.lease_expires_at.map(iso_millis),
             // Validated JSON at push time; a frame that is not is corruption, not a 400.
             payload: RawValue::from_string(m.payload.clone()).map_err(|e| {
                 ApiError::Database(sqlx::Error::Protocol(format!(
@@ -88,9 +89,13 @@ impl<'a> MessageView<'a> {
     }
 }
 
-/// How the consumers of the listed messages are organised. Without consumer state: none.
-fn consumer_mode() -> serde_json::Value {
-    serde_json::json!({ "hasQueueMode": false, "busGroupsCount": 0, "type": "none" })
+/// How the consumers of the listed messages' partitions are organised.
+fn consumer_mode(page: &Page) -> serde_json::Value {
+    serde_json::json!({
+        "hasQueueMode": page.has_queue_mode,
+        "busGroupsCount": page.bus_groups,
+        "type": page.mode().as_str(),
+    })
 }
 
 /// An ISO-8601 time; without an offset it is taken as UTC.
@@ -147,17 +152,17 @@ pub async fn list(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let (filter, status, offset, limit) = list_params(&query)?;
-    let mut conn = state.pool.acquire().await?;
-    let found = messages::list(&mut conn, &filter, offset, limit).await?;
-    // Every message's status is derived from consumer state after reading; a status filter
-    // keeps the ones that match (today only `pending` matches anything).
-    let views = found
+    let page = match status.as_deref().map(MessageStatus::parse) {
+        // A status no message can have (Queen: an empty list).
+        Some(None) => Page::default(),
+        status => {
+            let mut conn = state.pool.acquire().await?;
+            messages::list(&mut conn, &filter, status.flatten(), offset, limit).await?
+        }
+    };
+    let views = page
+        .messages
         .iter()
-        .filter(|m| {
-            status
-                .as_deref()
-                .is_none_or(|s| message_status(m).as_str() == s)
-        })
         .map(MessageView::new)
         .collect::<Result<Vec<_>, _>>()?;
     // A struct, not `json!`: a `Value` would re-encode the raw payloads.
@@ -168,7 +173,7 @@ pub async fn list(
     }
     Ok(HttpResponse::Ok().json(ListReply {
         messages: views,
-        mode: consumer_mode(),
+        mode: consumer_mode(&page),
     }))
 }
 
@@ -180,7 +185,7 @@ struct MessageDetail<'a> {
     message: MessageView<'a>,
     is_encrypted: bool,
     error_message: Option<String>,
-    retry_count: u32,
+    retry_count: i32,
     queue_config: serde_json::Value,
     mode: serde_json::Value,
     consumer_groups: Vec<serde_json::Value>,
@@ -197,20 +202,37 @@ pub async fn detail(
         return Err(not_found());
     };
     let mut conn = state.pool.acquire().await?;
-    let message = messages::find(&mut conn, partition, &transaction_id)
+    let found = messages::detail(&mut conn, partition, &transaction_id)
         .await?
         .ok_or_else(not_found)?;
-    let options = queues::find(&mut conn, &message.queue)
+    let options = queues::find(&mut conn, &found.listed.message.queue)
         .await?
         .ok_or_else(not_found)?
         .options;
-    let mut mode = consumer_mode();
-    mode["consumedByGroups"] = 0.into();
+    let offset = found.listed.message.offset;
+    let mode = serde_json::json!({
+        "hasQueueMode": found.progress.has_queue_mode,
+        "busGroupsCount": found.progress.bus_groups.len(),
+        "consumedByGroups": found.listed.consumed_by,
+        "type": found.progress.mode().as_str(),
+    });
+    let consumer_groups = found
+        .groups
+        .iter()
+        .map(|g| {
+            serde_json::json!({
+                "name": g.consumer_group,
+                "consumed": g.consumed_below > offset,
+                "leaseExpiresAt": g.lease_expires_at.map(iso_millis),
+            })
+        })
+        .collect();
+    let (error_message, retry_count) = found.dead_letter.clone().unwrap_or((None, 0));
     let detail = MessageDetail {
-        message: MessageView::new(&message)?,
+        message: MessageView::new(&found.listed)?,
         is_encrypted: false,
-        error_message: None,
-        retry_count: 0,
+        error_message,
+        retry_count,
         queue_config: serde_json::json!({
             "leaseTime": options.lease_time,
             "retryLimit": options.retry_limit,
@@ -219,7 +241,7 @@ pub async fn detail(
             "priority": options.priority,
         }),
         mode,
-        consumer_groups: Vec::new(),
+        consumer_groups,
     };
     Ok(HttpResponse::Ok().json(detail))
 }

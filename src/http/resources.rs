@@ -1,7 +1,7 @@
 //! The resource routes (reference §9.5): queues (list, detail, delete), namespaces, tasks and
-//! the overview. Values are computed on request from the partitions' offsets and first/last
-//! segments (primary-key probes), not from a periodically refreshed stats table, so they are
-//! never stale (`statsAge` is 0).
+//! the overview. Values are computed on request from the partitions' offsets, first/last
+//! segments (primary-key probes) and consumer state (`storage::progress`), not from a
+//! periodically refreshed stats table, so they are never stale (`statsAge` is 0).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use crate::app::AppState;
 use crate::http::error::ApiError;
+use crate::storage::groups;
 use crate::storage::queues::{self, Queue};
 use crate::storage::resources::{self, message_counts, MessageCounts, PartitionRow};
 
@@ -162,13 +163,18 @@ pub async fn tasks(state: web::Data<AppState>) -> Result<HttpResponse, ApiError>
     Ok(HttpResponse::Ok().json(json!({ "tasks": grouped(&queues, |q| &q.task, "task") })))
 }
 
-/// `GET /api/v1/resources/overview`. Lag and the processing rate need consumer cursors and
-/// read 0 until they exist.
+/// `GET /api/v1/resources/overview`. Lag is over every (subscribed group, partition) pair
+/// with something unconsumed (`storage::groups::lag_summary`), computed on request like the
+/// counts. `processedPerSecond` is always 0: consumer state keeps cursors and totals, not a
+/// history of when messages were consumed, so there is no rate to read.
 pub async fn overview(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let queues = tallied_queues(&state).await?;
-    let ingested = {
+    let (ingested, (time_lag, offset_lag)) = {
         let mut conn = state.pool.acquire().await?;
-        resources::ingested_per_second(&mut conn).await?
+        (
+            resources::ingested_per_second(&mut conn).await?,
+            groups::lag_summary(&mut conn).await?,
+        )
     };
     let mut messages = MessageCounts::default();
     let mut partitions = 0;
@@ -176,14 +182,13 @@ pub async fn overview(state: web::Data<AppState>) -> Result<HttpResponse, ApiErr
         messages += t.messages;
         partitions += t.partitions;
     }
-    let zero_lag = json!({ "avg": 0, "median": 0, "min": 0, "max": 0 });
     Ok(HttpResponse::Ok().json(json!({
         "queues": queues.len(),
         "partitions": partitions,
         "namespaces": grouped(&queues, |q| &q.namespace, "namespace").len(),
         "tasks": grouped(&queues, |q| &q.task, "task").len(),
         "messages": messages,
-        "lag": { "time": zero_lag, "offset": zero_lag },
+        "lag": { "time": time_lag, "offset": offset_lag },
         "throughput": { "ingestedPerSecond": ingested, "processedPerSecond": 0 },
         "timestamp": iso_millis(Utc::now()),
         "statsAge": 0,

@@ -171,6 +171,61 @@ pub async fn partitions(conn: &mut PgConnection, group: &str) -> sqlx::Result<Ve
     .await
 }
 
+/// Avg, median, min and max of one lag measure.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Spread {
+    /// Mean.
+    pub avg: f64,
+    /// Median.
+    pub median: f64,
+    /// Smallest.
+    pub min: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+/// Lag over every (subscribed group, partition) pair that has something unconsumed: in
+/// seconds (age of the oldest unconsumed message) and in messages. All zero when every group
+/// is caught up.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn lag_summary(conn: &mut PgConnection) -> sqlx::Result<(Spread, Spread)> {
+    let positions = positions();
+    type Row = (f64, f64, f64, f64, f64, f64, f64, f64);
+    let r: Row = sqlx::query_as(&format!(
+        "{positions}
+         SELECT COALESCE(avg(t), 0)::float8,
+                COALESCE(percentile_cont(0.5) WITHIN GROUP (ORDER BY t), 0)::float8,
+                COALESCE(min(t), 0)::float8, COALESCE(max(t), 0)::float8,
+                COALESCE(avg(o), 0)::float8,
+                COALESCE(percentile_cont(0.5) WITHIN GROUP (ORDER BY o), 0)::float8,
+                COALESCE(min(o), 0)::float8, COALESCE(max(o), 0)::float8
+           FROM (SELECT GREATEST(extract(epoch FROM now() - oldest_unconsumed_at), 0)::float8 AS t,
+                        offset_lag::float8 AS o
+                   FROM lag
+                  WHERE offset_lag > 0) x"
+    ))
+    .bind(None::<String>)
+    .fetch_one(conn)
+    .await?;
+    Ok((
+        Spread {
+            avg: r.0,
+            median: r.1,
+            min: r.2,
+            max: r.3,
+        },
+        Spread {
+            avg: r.4,
+            median: r.5,
+            min: r.6,
+            max: r.7,
+        },
+    ))
+}
+
 /// Deletes the group's cursors and leases (on one queue, or all); with `metadata` also its
 /// subscriptions, so its next pop chooses a start again. Without, the kept subscriptions scan
 /// from the beginning again. Returns (consumer rows deleted, subscriptions deleted).

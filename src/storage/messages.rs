@@ -2,12 +2,19 @@
 //! first, decoded into their frames; and one message by (partition, transactionId).
 //!
 //! Reads never change anything. Segment headers are read first and frames only for the
-//! segments a page needs, so a page costs what it shows, not what the window holds.
+//! segments a page needs, so a page costs what it shows, not what the window holds. Each
+//! message's status comes from its partition's consumer state ([`crate::storage::progress`]),
+//! read once per partition, and the dead letters of the segments looked at, read in one
+//! statement: nothing is read per message.
+
+use std::collections::{BTreeSet, HashMap};
+use std::ops::Range;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::storage::progress::{self, DeadCounts, GroupProgress, Mode, Progress};
 use crate::storage::{dedup, frames};
 
 /// Which messages to list.
@@ -60,38 +67,136 @@ pub struct StoredMessage {
     pub payload: String,
 }
 
-/// A message's state for its consumers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MessageStatus {
-    /// Not consumed yet.
-    Pending,
-    /// Under a live lease.
-    Processing,
-    /// Consumed.
-    Completed,
-    /// Dead-lettered.
-    DeadLetter,
+pub use crate::storage::progress::MessageStatus;
+
+/// The status of a stored message, given its partition's consumer state and whether some group
+/// dead-lettered it (the rules are in [`crate::storage::progress`]).
+pub fn message_status(message: &StoredMessage, progress: &Progress, dead: bool) -> MessageStatus {
+    progress.status(message.offset, dead)
 }
 
-impl MessageStatus {
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Processing => "processing",
-            Self::Completed => "completed",
-            Self::DeadLetter => "dead_letter",
-        }
+/// A listed message with what its consumers have done with it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Listed {
+    /// The message.
+    pub message: StoredMessage,
+    /// Its status (`status` on the wire).
+    pub status: MessageStatus,
+    /// Its status by queue mode alone (`queueStatus`).
+    pub queue_status: MessageStatus,
+    /// Named groups of its partition that consumed it (`busStatus.consumedBy`).
+    pub consumed_by: usize,
+    /// Named groups of its partition (`busStatus.totalGroups`).
+    pub total_groups: usize,
+    /// Expiry of the live queue-mode lease it is under (`processing` only).
+    pub lease_expires_at: Option<DateTime<Utc>>,
+}
+
+/// One page of the list and how its messages' partitions are consumed.
+#[derive(Debug, Clone, Default)]
+pub struct Page {
+    /// The messages, newest first.
+    pub messages: Vec<Listed>,
+    /// Queue mode is a group of some partition of the page.
+    pub has_queue_mode: bool,
+    /// Distinct named groups over the page's partitions.
+    pub bus_groups: usize,
+}
+
+impl Page {
+    /// `none`, `queue`, `bus` or `hybrid`.
+    pub fn mode(&self) -> Mode {
+        Mode::of(self.has_queue_mode, self.bus_groups)
     }
 }
 
-/// The status of a stored message.
-///
-/// Extend here once consumer cursors exist (`migrations/0002_consumers`, another branch):
-/// completed below the queue-mode cursor, processing inside a live lease's range, dead_letter
-/// when in the dead-letter table. Until then nothing can have been consumed.
-pub fn message_status(_message: &StoredMessage) -> MessageStatus {
-    MessageStatus::Pending
+/// Consumer state of the partitions a listing has met so far, and the dead-lettered offsets of
+/// the segments it has looked at.
+#[derive(Default)]
+struct States {
+    progress: HashMap<i64, Progress>,
+    dead: HashMap<i64, BTreeSet<i64>>,
+}
+
+impl States {
+    /// Loads what `heads` need and is not loaded yet: two statements, whatever their number.
+    async fn load(&mut self, conn: &mut PgConnection, heads: &[SegmentHead]) -> sqlx::Result<()> {
+        let mut new: Vec<i64> = heads
+            .iter()
+            .map(|h| h.partition_id)
+            .filter(|pid| !self.progress.contains_key(pid))
+            .collect();
+        new.sort_unstable();
+        new.dedup();
+        if !new.is_empty() {
+            for (pid, p) in progress::of_partitions(conn, &new).await? {
+                self.progress.insert(pid, p);
+            }
+        }
+        let ranges: Vec<(i64, Range<i64>)> =
+            heads.iter().map(|h| (h.partition_id, h.range())).collect();
+        for (pid, offset) in progress::dead_offsets(conn, &ranges).await? {
+            self.dead.entry(pid).or_default().insert(offset);
+        }
+        Ok(())
+    }
+
+    fn progress(&self, pid: i64) -> &Progress {
+        static NONE: Progress = Progress {
+            has_queue_mode: false,
+            queue_consumed: 0,
+            bus_groups: Vec::new(),
+            bus_consumed: Vec::new(),
+            lease_from: None,
+            lease_to: None,
+            lease_expires_at: None,
+        };
+        // A partition deleted between the reads: nobody consumes it any more.
+        self.progress.get(&pid).unwrap_or(&NONE)
+    }
+
+    fn is_dead(&self, pid: i64, offset: i64) -> bool {
+        self.dead.get(&pid).is_some_and(|d| d.contains(&offset))
+    }
+
+    /// How many messages of the segment have `status`.
+    fn matching(&self, head: &SegmentHead, status: MessageStatus) -> i64 {
+        let p = self.progress(head.partition_id);
+        let range = head.range();
+        let done = p.completed_below();
+        let processing = p.processing();
+        let mut dead = DeadCounts::default();
+        if let Some(offsets) = self.dead.get(&head.partition_id) {
+            for &o in offsets.range(range.clone()) {
+                dead.total += 1;
+                if o < done {
+                    dead.completed += 1;
+                } else if processing.contains(&o) {
+                    dead.processing += 1;
+                }
+            }
+        }
+        let t = p.tally(range, &dead);
+        match status {
+            MessageStatus::Pending => t.pending,
+            MessageStatus::Processing => t.processing,
+            MessageStatus::Completed => t.completed,
+            MessageStatus::DeadLetter => t.dead_letter,
+        }
+    }
+
+    fn listed(&self, message: StoredMessage) -> Listed {
+        let p = self.progress(message.partition_id);
+        let dead = self.is_dead(message.partition_id, message.offset);
+        Listed {
+            status: message_status(&message, p, dead),
+            queue_status: p.queue_status(message.offset, dead),
+            consumed_by: p.consumed_by(message.offset),
+            total_groups: p.bus_groups.len(),
+            lease_expires_at: p.lease_expiry(message.offset),
+            message,
+        }
+    }
 }
 
 /// A segment's place and the queue facts every message of it shares.
@@ -100,6 +205,7 @@ struct SegmentHead {
     partition_id: i64,
     base_offset: i64,
     msg_count: i32,
+    created_at: DateTime<Utc>,
     partition_uuid: Uuid,
     partition: String,
     queue: String,
@@ -108,12 +214,32 @@ struct SegmentHead {
     priority: i32,
 }
 
-const HEAD_COLUMNS: &str = "s.partition_id, s.base_offset, s.msg_count, p.uuid AS partition_uuid, \
+impl SegmentHead {
+    /// The offsets it holds.
+    fn range(&self) -> Range<i64> {
+        self.base_offset..self.base_offset + i64::from(self.msg_count)
+    }
+}
+
+const HEAD_COLUMNS: &str = "s.partition_id, s.base_offset, s.msg_count, s.created_at, \
+     p.uuid AS partition_uuid, \
      p.name AS partition, q.name AS queue, q.namespace, q.task, q.priority";
 
-/// Up to `limit` messages of the window, newest first, after skipping `skip`.
+/// Segments read per statement while looking for messages of one status (doubling up to
+/// [`MAX_HEAD_CHUNK`]).
+const FIRST_HEAD_CHUNK: usize = 256;
+const MAX_HEAD_CHUNK: usize = 16_384;
+
+/// Up to `limit` messages of the window, newest first, after skipping `skip`; with `status`,
+/// only messages with that status count (for the skip as well).
 ///
 /// Newest means by segment commit time, then by offset downwards within a partition.
+///
+/// Statuses come from consumer state by offset range, so a segment's number of messages with
+/// a status is known without decoding it: only the segments the page shows are read whole.
+/// Without a status every segment holds at least one message, so `skip + limit` segment heads
+/// are one statement; with one, heads are read in growing chunks until the page is full or the
+/// window ends.
 ///
 /// # Errors
 ///
@@ -121,11 +247,93 @@ const HEAD_COLUMNS: &str = "s.partition_id, s.base_offset, s.msg_count, p.uuid A
 pub async fn list(
     conn: &mut PgConnection,
     filter: &Filter,
+    status: Option<MessageStatus>,
     skip: usize,
     limit: usize,
-) -> sqlx::Result<Vec<StoredMessage>> {
-    // Every segment holds at least one message, so `skip + limit` segments always suffice.
-    let heads: Vec<SegmentHead> = sqlx::query_as(&format!(
+) -> sqlx::Result<Page> {
+    let want = skip + limit;
+    let mut states = States::default();
+    // The segments the page touches, and how many of each one's newest matching messages to
+    // skip.
+    let mut wanted: Vec<(SegmentHead, usize)> = Vec::new();
+    let mut seen = 0usize;
+    let mut after: Option<(DateTime<Utc>, i64, i64)> = None;
+    let mut chunk = if status.is_some() {
+        FIRST_HEAD_CHUNK.max(want).min(MAX_HEAD_CHUNK)
+    } else {
+        want
+    };
+    'chunks: loop {
+        let heads = heads(&mut *conn, filter, after, chunk).await?;
+        let exhausted = heads.len() < chunk;
+        states.load(&mut *conn, &heads).await?;
+        for head in heads {
+            after = Some((head.created_at, head.partition_id, head.base_offset));
+            let count = match status {
+                Some(s) => states.matching(&head, s) as usize,
+                None => head.msg_count as usize,
+            };
+            if count > 0 && seen + count > skip {
+                wanted.push((head, skip.saturating_sub(seen)));
+            }
+            seen += count;
+            if seen >= want {
+                break 'chunks;
+            }
+        }
+        if exhausted {
+            break;
+        }
+        chunk = (chunk * 2).min(MAX_HEAD_CHUNK);
+    }
+
+    let keys: Vec<(i64, i64)> = wanted
+        .iter()
+        .map(|(h, _)| (h.partition_id, h.base_offset))
+        .collect();
+    let bytes = segment_frames(conn, &keys).await?;
+    let mut page = Page::default();
+    for ((head, skip_in_segment), bytes) in wanted.iter().zip(bytes) {
+        let mut messages = decode(head, &bytes)?;
+        messages.reverse();
+        let listed = messages
+            .into_iter()
+            .map(|m| states.listed(m))
+            .filter(|l| status.is_none_or(|s| l.status == s))
+            .skip(*skip_in_segment);
+        page.messages.extend(listed);
+        if page.messages.len() >= limit {
+            break;
+        }
+    }
+    page.messages.truncate(limit);
+
+    let mut partitions: Vec<i64> = page
+        .messages
+        .iter()
+        .map(|l| l.message.partition_id)
+        .collect();
+    partitions.sort_unstable();
+    partitions.dedup();
+    let mut groups: BTreeSet<&str> = BTreeSet::new();
+    for pid in partitions {
+        let p = states.progress(pid);
+        page.has_queue_mode |= p.has_queue_mode;
+        groups.extend(p.bus_groups.iter().map(String::as_str));
+    }
+    page.bus_groups = groups.len();
+    Ok(page)
+}
+
+/// Up to `limit` segment heads of the window, newest first, after `after` (exclusive).
+async fn heads(
+    conn: &mut PgConnection,
+    filter: &Filter,
+    after: Option<(DateTime<Utc>, i64, i64)>,
+    limit: usize,
+) -> sqlx::Result<Vec<SegmentHead>> {
+    let (at, pid, base) = after.map_or((None, None, None), |(a, p, b)| (Some(a), Some(p), Some(b)));
+    sqlx::query_as(&format!(
         "SELECT {HEAD_COLUMNS}
            FROM queen.segments s
            JOIN queen.partitions p ON p.id = s.partition_id
@@ -135,6 +343,8 @@ pub async fn list(
             AND ($4::text IS NULL OR p.name = $4)
             AND ($5::text IS NULL OR q.namespace = $5)
             AND ($6::text IS NULL OR q.task = $6)
+            AND ($8::timestamptz IS NULL
+                 OR (s.created_at, s.partition_id, s.base_offset) < ($8, $9, $10))
           ORDER BY s.created_at DESC, s.partition_id DESC, s.base_offset DESC
           LIMIT $7"
     ))
@@ -144,40 +354,60 @@ pub async fn list(
     .bind(&filter.partition)
     .bind(&filter.namespace)
     .bind(&filter.task)
-    .bind((skip + limit) as i64)
-    .fetch_all(&mut *conn)
-    .await?;
+    .bind(limit as i64)
+    .bind(at)
+    .bind(pid)
+    .bind(base)
+    .fetch_all(conn)
+    .await
+}
 
-    // Pick the segments the page touches, and how many of each one's newest messages to skip.
-    let mut wanted: Vec<(SegmentHead, usize)> = Vec::new();
-    let mut seen = 0usize;
-    for head in heads {
-        let count = head.msg_count as usize;
-        if seen + count > skip {
-            wanted.push((head, skip.saturating_sub(seen)));
-        }
-        seen += count;
-        if seen >= skip + limit {
-            break;
-        }
-    }
-    let keys: Vec<(i64, i64)> = wanted
-        .iter()
-        .map(|(h, _)| (h.partition_id, h.base_offset))
-        .collect();
-    let bytes = segment_frames(conn, &keys).await?;
+/// A found message with what its consumers have done with it, as the detail route shows it.
+#[derive(Debug, Clone)]
+pub struct Detail {
+    /// The message and its statuses.
+    pub listed: Listed,
+    /// Its partition's consumer state.
+    pub progress: Progress,
+    /// Every group of the partition (queue mode included), by name.
+    pub groups: Vec<GroupProgress>,
+    /// Why and after how many retries it was dead-lettered, if it was.
+    pub dead_letter: Option<(Option<String>, i32)>,
+}
 
-    let mut out = Vec::with_capacity(limit);
-    for ((head, skip_in_segment), bytes) in wanted.iter().zip(bytes) {
-        let mut messages = decode(head, &bytes)?;
-        messages.reverse();
-        out.extend(messages.into_iter().skip(*skip_in_segment));
-        if out.len() >= limit {
-            break;
-        }
+/// [`find`] plus the message's consumer state.
+///
+/// # Errors
+///
+/// Any database error; a segment that does not decode is a protocol error.
+pub async fn detail(
+    conn: &mut PgConnection,
+    partition: Uuid,
+    transaction_id: &str,
+) -> sqlx::Result<Option<Detail>> {
+    let Some(message) = find(&mut *conn, partition, transaction_id).await? else {
+        return Ok(None);
+    };
+    let pid = message.partition_id;
+    let offset = message.offset;
+    let progress = progress::of_partitions(&mut *conn, &[pid])
+        .await?
+        .pop()
+        .map(|(_, p)| p)
+        .unwrap_or_default();
+    let dead_letter = progress::dead_letter_of(&mut *conn, pid, offset).await?;
+    let groups = progress::groups_of(&mut *conn, pid).await?;
+    let mut states = States::default();
+    states.progress.insert(pid, progress.clone());
+    if dead_letter.is_some() {
+        states.dead.entry(pid).or_default().insert(offset);
     }
-    out.truncate(limit);
-    Ok(out)
+    Ok(Some(Detail {
+        listed: states.listed(message),
+        progress,
+        groups,
+        dead_letter,
+    }))
 }
 
 /// The message with `transaction_id` in the partition with public id `partition`, if stored.

@@ -9,6 +9,7 @@
 //! - [`retention`]: removing whole segments by age.
 //! - [`resources`]: per-partition facts and message counts for the resource routes.
 //! - [`messages`]: reading messages back for operators.
+//! - [`progress`]: what consumer state says about stored messages (statuses, counts).
 //! - [`consume`]: the pop (find, claim under a lease, read by offset range).
 //! - [`leases`]: extending leases, checking that leases are live.
 //! - [`acks`]: acks as offset commits, retries, dead-lettering.
@@ -25,6 +26,7 @@ pub mod groups;
 pub mod leases;
 pub mod messages;
 pub mod partitions;
+pub mod progress;
 pub mod queues;
 pub mod resources;
 pub mod retention;

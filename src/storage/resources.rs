@@ -1,13 +1,21 @@
 //! What the resource routes show about queues and partitions: per-partition facts read with
-//! primary-key probes (first and last segment), and the message counts derived from them.
+//! primary-key probes (first and last segment), the partition's consumer state
+//! ([`crate::storage::progress`]), and the message counts derived from them.
 //!
-//! Counts by consumer state (pending, processing, completed, ...) need the consumer cursors
-//! that `migrations/0002_consumers` adds; [`message_counts`] is the one place to extend.
+//! Counts follow the message statuses of the messages listing (the rules are in
+//! `storage::progress`): every stored message is counted once, as `pending`, `processing`,
+//! `completed` or `deadLetter`. `failed` is always 0: a failed ack releases the lease without
+//! moving the cursor, so the message is `pending` again until its retries run out and it is
+//! dead-lettered.
+
+use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
 use uuid::Uuid;
+
+use crate::storage::progress::{self, DeadCounts, Progress, PROGRESS_COLUMNS};
 
 /// One partition and what its segments say.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -30,6 +38,12 @@ pub struct PartitionRow {
     pub oldest_at: Option<DateTime<Utc>>,
     /// When the newest stored segment was written.
     pub newest_at: Option<DateTime<Utc>>,
+    /// What its consumer groups have done.
+    #[sqlx(flatten)]
+    pub progress: Progress,
+    /// Dead letters among its stored messages.
+    #[sqlx(skip)]
+    pub dead: DeadCounts,
 }
 
 impl PartitionRow {
@@ -39,9 +53,15 @@ impl PartitionRow {
         self.first_offset
             .map_or(0, |first| self.next_offset - first)
     }
+
+    /// The offsets stored now (empty when none).
+    pub fn stored_range(&self) -> std::ops::Range<i64> {
+        self.first_offset.unwrap_or(self.next_offset)..self.next_offset
+    }
 }
 
-/// Partitions with their segment facts: of one queue, or of every queue.
+/// Partitions with their segment facts and consumer state: of one queue, or of every queue.
+/// Two statements, however many partitions.
 ///
 /// # Errors
 ///
@@ -50,9 +70,10 @@ pub async fn partitions(
     conn: &mut PgConnection,
     queue_id: Option<i64>,
 ) -> sqlx::Result<Vec<PartitionRow>> {
-    sqlx::query_as(
+    let mut rows: Vec<PartitionRow> = sqlx::query_as(&format!(
         "SELECT p.id, p.uuid, p.queue_id, p.name, p.created_at, p.next_offset,
-                f.base_offset AS first_offset, f.created_at AS oldest_at, l.created_at AS newest_at
+                f.base_offset AS first_offset, f.created_at AS oldest_at, l.created_at AS newest_at,
+                {PROGRESS_COLUMNS}
            FROM queen.partitions p
            LEFT JOIN LATERAL (
                 SELECT base_offset, created_at FROM queen.segments
@@ -62,12 +83,29 @@ pub async fn partitions(
                 SELECT created_at FROM queen.segments
                  WHERE partition_id = p.id ORDER BY base_offset DESC LIMIT 1
            ) l ON TRUE
+           {joins}
           WHERE $1::int8 IS NULL OR p.queue_id = $1
           ORDER BY p.queue_id, p.name",
-    )
+        joins = progress::progress_joins()
+    ))
     .bind(queue_id)
-    .fetch_all(conn)
-    .await
+    .fetch_all(&mut *conn)
+    .await?;
+    let ranges: Vec<_> = rows
+        .iter()
+        .filter(|p| p.stored() > 0)
+        .map(|p| (p.id, p.stored_range(), &p.progress))
+        .collect();
+    let dead: HashMap<i64, DeadCounts> = progress::dead_counts(conn, &ranges)
+        .await?
+        .into_iter()
+        .collect();
+    for row in &mut rows {
+        if let Some(d) = dead.get(&row.id) {
+            row.dead = *d;
+        }
+    }
+    Ok(rows)
 }
 
 /// Message counts of a partition (or a sum of them), with the wire's names.
@@ -82,7 +120,7 @@ pub struct MessageCounts {
     pub processing: i64,
     /// Consumed.
     pub completed: i64,
-    /// Failed and waiting for a retry.
+    /// Always 0 here (see the module documentation).
     pub failed: i64,
     /// Dead-lettered.
     pub dead_letter: i64,
@@ -99,18 +137,19 @@ impl std::ops::AddAssign for MessageCounts {
     }
 }
 
-/// The counts of one partition.
-///
-/// Extend here once consumer cursors exist (`migrations/0002_consumers`, another branch):
-/// completed = stored offsets below the queue-mode cursor, processing = the live lease's range,
-/// dead_letter from the dead-letter table; pending = total - processing - completed. Until
-/// then nothing can have been consumed, so every stored message is pending.
+/// The counts of one partition's stored messages, by the statuses of the messages listing:
+/// queue mode (or no group): `completed` below the queue-mode cursor, `processing` inside the
+/// live queue-mode lease's range, the rest `pending`; bus mode: `completed` once every named
+/// group consumed it; dead-lettered ones count as `deadLetter` only.
 pub fn message_counts(p: &PartitionRow) -> MessageCounts {
-    let total = p.stored();
+    let t = p.progress.tally(p.stored_range(), &p.dead);
     MessageCounts {
-        total,
-        pending: total,
-        ..MessageCounts::default()
+        total: p.stored(),
+        pending: t.pending,
+        processing: t.processing,
+        completed: t.completed,
+        failed: 0,
+        dead_letter: t.dead_letter,
     }
 }
 

@@ -4,8 +4,10 @@
 //! - `retention_enabled` and `retention_seconds` > 0 and it is older than that, or
 //! - `max_wait_time_seconds` > 0 and it is older than that (consumed or not), or
 //! - `retention_enabled` and `completed_retention_seconds` > 0, it is older than that, and every
-//!   consumer group has consumed all of it (`queen.partition_consumed`, see
-//!   `migrations/0003_admin.up.sql`).
+//!   consumer group of its partition has consumed all of it (`queen.partition_consumed`, see
+//!   `migrations/0004_completed_retention.up.sql`: the groups are those subscribed to the queue,
+//!   queue mode included, plus any with a cursor on the partition; a group without a cursor on
+//!   the partition has consumed nothing of it, and a partition without groups nothing at all).
 //!
 //! Only a prefix of each partition is removed: the scan stops at the first segment that must
 //! stay, so a partition's segments always cover `[first base_offset, next_offset)` without holes
@@ -44,13 +46,27 @@ pub async fn remove_expired(
     // age (everything before it goes), `done_end` the same for completed retention, capped by
     // what every group has consumed. Both are index probes on the segments' primary key that
     // read only the segments about to be removed plus one; `OFFSET 0` keeps the planner from
-    // inlining (and so repeating) them.
-    let (segments, messages, last): (i64, i64, Option<i64>) = sqlx::query_as(
-        "WITH doomed AS (
+    // inlining (and so repeating) them and the consumer state. The consumer state is a subquery per visited partition
+    // of a queue with completed retention, not a join: joined, the view may be evaluated for
+    // every partition below the resume point too.
+    let (segments, messages, last): (i64, i64, Option<i64>) = sqlx::query_as(REMOVE_SQL)
+        .bind(limit)
+        .bind(from_partition)
+        .fetch_one(conn)
+        .await?;
+    let removed = Removed {
+        segments: segments as u64,
+        messages: messages as u64,
+    };
+    Ok((removed, last.filter(|_| segments >= limit)))
+}
+
+/// The statement of [`remove_expired`]: `$1` the limit, `$2` the partition to start from.
+/// Public so tests can EXPLAIN it.
+pub const REMOVE_SQL: &str = "WITH doomed AS (
              SELECT s.partition_id, s.base_offset
                FROM queen.partitions p
                JOIN queen.queues q ON q.id = p.queue_id
-               LEFT JOIN queen.partition_consumed c ON c.partition_id = p.id
               CROSS JOIN LATERAL (
                     SELECT CASE WHEN k.age_secs IS NULL THEN -1 ELSE COALESCE((
                                SELECT y.base_offset FROM queen.segments y
@@ -58,8 +74,8 @@ pub async fn remove_expired(
                                   AND y.created_at >= now() - make_interval(secs => k.age_secs)
                                 ORDER BY y.base_offset
                                 LIMIT 1), p.next_offset) END AS age_end,
-                           CASE WHEN k.done_secs IS NULL OR c.consumed_below IS NULL THEN -1
-                                ELSE LEAST(c.consumed_below, COALESCE((
+                           CASE WHEN k.done_secs IS NULL OR k.consumed_below IS NULL THEN -1
+                                ELSE LEAST(k.consumed_below, COALESCE((
                                SELECT y.base_offset FROM queen.segments y
                                 WHERE y.partition_id = p.id
                                   AND y.created_at >= now() - make_interval(secs => k.done_secs)
@@ -70,7 +86,14 @@ pub async fn remove_expired(
                                          NULLIF(q.max_wait_time_seconds, 0)) AS age_secs,
                                    CASE WHEN q.retention_enabled
                                          AND q.completed_retention_seconds > 0
-                                        THEN q.completed_retention_seconds END AS done_secs) k
+                                        THEN q.completed_retention_seconds END AS done_secs,
+                                   CASE WHEN q.retention_enabled
+                                         AND q.completed_retention_seconds > 0
+                                        THEN (SELECT c.consumed_below
+                                                FROM queen.partition_consumed c
+                                               WHERE c.partition_id = p.id) END
+                                       AS consumed_below
+                            OFFSET 0) k
                     OFFSET 0
               ) b
               CROSS JOIN LATERAL (
@@ -96,18 +119,7 @@ pub async fn remove_expired(
                 AND s.base_offset = d.base_offset
              RETURNING s.partition_id, s.msg_count
          )
-         SELECT count(*), COALESCE(sum(msg_count), 0)::int8, max(partition_id) FROM removed",
-    )
-    .bind(limit)
-    .bind(from_partition)
-    .fetch_one(conn)
-    .await?;
-    let removed = Removed {
-        segments: segments as u64,
-        messages: messages as u64,
-    };
-    Ok((removed, last.filter(|_| segments >= limit)))
-}
+         SELECT count(*), COALESCE(sum(msg_count), 0)::int8, max(partition_id) FROM removed";
 
 /// Runs [`remove_expired`] in batches of `batch` until nothing is left; returns the total.
 ///
