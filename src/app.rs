@@ -253,7 +253,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         });
         committers.push((addr.recipient(), load));
     }
-    let committers = CommitterPool::new(committers);
+    let committers = CommitterPool::new(committers, settings.committer_spill_items);
 
     let spool_actor =
         SpoolActor::start_in_arbiter(&committer_arbiter.handle(), move |_| spool_actor);

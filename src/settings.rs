@@ -41,7 +41,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ),
     (
         "QUEEN_COMMITTERS",
-        "committer actors, each with its own connection (default 4)",
+        "committer actors, each with its own connection (default 2)",
     ),
     (
         "QUEEN_MAX_INFLIGHT_BYTES",
@@ -234,6 +234,8 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// Number of committers.
     pub committers: usize,
+    /// Items one committer holds before the next one is used.
+    pub committer_spill_items: usize,
     /// Longest a commit may take before its items are spooled.
     pub commit_timeout: Duration,
     /// Request bytes in the write path before 503.
@@ -496,7 +498,8 @@ impl Settings {
             lock_timeout: Duration::from_millis(src.positive("DB_LOCK_TIMEOUT", 10_000)?),
             connect_timeout: Duration::from_millis(src.positive("DB_CONNECTION_TIMEOUT", 2_000)?),
             max_body_bytes: src.positive("QUEEN_MAX_BODY_BYTES", 64 * 1024 * 1024)? as usize,
-            committers: src.positive("QUEEN_COMMITTERS", 4)? as usize,
+            committers: src.positive("QUEEN_COMMITTERS", 2)? as usize,
+            committer_spill_items: src.positive("QUEEN_COMMITTER_SPILL_ITEMS", 256)? as usize,
             commit_timeout: Duration::from_millis(src.positive("QUEEN_COMMIT_TIMEOUT_MS", 10_000)?),
             max_inflight_bytes: src.positive("QUEEN_MAX_INFLIGHT_BYTES", 256 * 1024 * 1024)?
                 as usize,

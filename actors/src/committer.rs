@@ -67,7 +67,7 @@ pub struct Committer<S: SegmentStore> {
 }
 
 impl<S: SegmentStore> Committer<S> {
-    /// A committer writing through `store`; `load` counts segments given to it and not answered.
+    /// A committer writing through `store`; `load` counts items given to it and not answered.
     pub fn new(id: usize, store: S, load: Arc<AtomicUsize>, limits: CommitterLimits) -> Self {
         Self {
             id,
@@ -121,7 +121,8 @@ impl<S: SegmentStore> Committer<S> {
                 .into_actor(self)
                 .map(|(store, writes, replies, result), act, ctx| {
                     act.store = Some(store);
-                    act.load.fetch_sub(replies.len(), Ordering::Relaxed);
+                    let answered: usize = writes.iter().map(|w| w.items.len()).sum();
+                    act.load.fetch_sub(answered, Ordering::Relaxed);
                     match result {
                         Ok(outcomes) => {
                             for (reply, outcome) in replies.into_iter().zip(outcomes) {
@@ -156,37 +157,52 @@ impl<S: SegmentStore> Handler<SegmentReady> for Committer<S> {
     }
 }
 
-/// Routes segments to the committer with the smallest backlog.
+/// Routes segments to committers: fill one, then spill to the next.
+///
+/// A segment goes to the first committer holding fewer than `spill_items` unanswered items, so
+/// under light load (small pushes) everything waits behind one transaction and leaves in the
+/// next one: fewer, fuller transactions, each paying one WAL flush. Only when every committer
+/// up to there is that full does the next one start a transaction in parallel; when all are,
+/// the least loaded one takes it.
 #[derive(Clone)]
 pub struct CommitterPool {
     committers: Arc<Vec<(Recipient<SegmentReady>, Arc<AtomicUsize>)>>,
+    spill_items: usize,
 }
 
 impl CommitterPool {
     /// A pool over committers and their load counters (as given to [`Committer::new`]).
-    pub fn new(committers: Vec<(Recipient<SegmentReady>, Arc<AtomicUsize>)>) -> Self {
+    pub fn new(
+        committers: Vec<(Recipient<SegmentReady>, Arc<AtomicUsize>)>,
+        spill_items: usize,
+    ) -> Self {
         assert!(
             !committers.is_empty(),
             "a committer pool needs at least one committer"
         );
         Self {
             committers: Arc::new(committers),
+            spill_items,
         }
     }
 
-    /// Hands a segment to the least busy committer.
+    /// Hands a segment to a committer; see the type's docs.
     pub fn submit(&self, ready: SegmentReady) {
-        let (recipient, load) = self
-            .committers
-            .iter()
-            .min_by_key(|(_, load)| load.load(Ordering::Relaxed))
+        let loads = || {
+            self.committers
+                .iter()
+                .map(|(r, load)| (r, load, load.load(Ordering::Relaxed)))
+        };
+        let (recipient, load, _) = loads()
+            .find(|(_, _, items)| *items < self.spill_items)
+            .or_else(|| loads().min_by_key(|(_, _, items)| *items))
             .expect("the pool is never empty");
-        load.fetch_add(1, Ordering::Relaxed);
+        load.fetch_add(ready.write.items.len(), Ordering::Relaxed);
         // Unbounded on purpose: each partition has at most one segment here, see module docs.
         recipient.do_send(ready);
     }
 
-    /// Segments handed to committers and not yet answered.
+    /// Items handed to committers and not yet answered.
     pub fn backlog(&self) -> usize {
         self.committers
             .iter()

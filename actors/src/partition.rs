@@ -237,19 +237,28 @@ impl Actor for PartitionActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(1024);
-        let every = (self.limits.idle_after / 2).max(Duration::from_millis(10));
-        ctx.run_interval(every, |act, ctx| {
-            let idle = !act.in_flight
-                && act.pending.is_empty()
-                && act.last_active.elapsed() >= act.limits.idle_after;
-            if idle {
-                // Leave the registry first: a push that already holds our address is refused
-                // with `Closing` and retried on a fresh actor.
-                act.closing = true;
-                act.registry.forget(&act.key, &ctx.address());
-                ctx.stop();
-            }
-        });
+    }
+}
+
+/// Sent by the registry's sweeper: stop if idle for the configured time.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct IdleCheck;
+
+impl Handler<IdleCheck> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, _: IdleCheck, ctx: &mut Context<Self>) {
+        let idle = !self.in_flight
+            && self.pending.is_empty()
+            && self.last_active.elapsed() >= self.limits.idle_after;
+        if idle {
+            // Leave the registry first: a push that already holds our address is refused
+            // with `Closing` and retried on a fresh actor.
+            self.closing = true;
+            self.registry.forget(&self.key, &ctx.address());
+            ctx.stop();
+        }
     }
 }
 

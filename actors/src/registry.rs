@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use crate::committer::CommitterPool;
 use crate::error::PushError;
 use crate::message::{Item, PartitionKey};
-use crate::partition::{GroupResult, PartitionActor, PartitionLimits, Push, Refused};
+use crate::partition::{GroupResult, IdleCheck, PartitionActor, PartitionLimits, Push, Refused};
 use crate::spool::SpoolHandle;
 
 /// How long a producer is asked to wait when the broker is saturated.
@@ -47,7 +47,7 @@ impl Registry {
             !arbiters.is_empty(),
             "the registry needs at least one arbiter"
         );
-        Self {
+        let registry = Self {
             inner: Arc::new(Inner {
                 actors: Mutex::new(HashMap::new()),
                 arbiters,
@@ -55,7 +55,33 @@ impl Registry {
                 limits,
                 spool,
             }),
-        }
+        };
+        registry.start_idle_sweeper();
+        registry
+    }
+
+    /// One timer for all actors (not one per actor, which costs memory per live partition):
+    /// every half idle period each actor is asked to stop if it has been idle long enough.
+    fn start_idle_sweeper(&self) {
+        let weak = Arc::downgrade(&self.inner);
+        let every = (self.inner.limits.idle_after / 2).max(std::time::Duration::from_millis(10));
+        self.inner.arbiters[0].spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(inner) = weak.upgrade() else { return };
+                let actors: Vec<Addr<PartitionActor>> = inner
+                    .actors
+                    .lock()
+                    .expect("registry lock poisoned")
+                    .values()
+                    .cloned()
+                    .collect();
+                drop(inner);
+                for addr in actors {
+                    addr.do_send(IdleCheck);
+                }
+            }
+        });
     }
 
     /// The actor for `key`, started if there is none.

@@ -18,7 +18,7 @@ use broker_actors::error::StoreError;
 use broker_actors::store::{SegmentOutcome, SegmentStore, SegmentWrite};
 use broker_actors::{Item, PartitionKey, Verdict};
 use sqlx::postgres::PgConnectOptions;
-use sqlx::{Connection, PgConnection};
+use sqlx::{Connection, Executor, PgConnection, Row};
 use uuid::Uuid;
 
 use crate::storage::dedup::{self, Original, Probe};
@@ -110,14 +110,17 @@ pub async fn commit_batch(
     let mut stale: Vec<&PartitionKey> = Vec::new();
     loop {
         let ids = resolve_ids_except(conn, batch, &stale).await?;
-        let mut tx = conn.begin().await?;
-        match write_segments(&mut tx, batch, &ids).await {
+        let written = match lock_partitions(conn, &ids, true).await {
+            Ok(locked) => write_locked(conn, batch, &ids, locked).await,
+            Err(e) => Err(e),
+        };
+        match written {
             Ok(outcomes) => {
-                tx.commit().await?;
+                conn.execute("COMMIT").await?;
                 return Ok(outcomes);
             }
             Err(WriteError::Deleted(missing)) if stale.is_empty() => {
-                tx.rollback().await?;
+                conn.execute("ROLLBACK").await?;
                 stale = batch
                     .iter()
                     .zip(&ids)
@@ -125,7 +128,11 @@ pub async fn commit_batch(
                     .map(|(w, _)| &w.key)
                     .collect();
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                // Best effort: the caller drops this connection after an error anyway.
+                let _ = conn.execute("ROLLBACK").await;
+                return Err(e.into());
+            }
         }
     }
 }
@@ -208,21 +215,46 @@ pub async fn write_segments(
     batch: &[SegmentWrite],
     ids: &[i64],
 ) -> Result<Vec<SegmentOutcome>, WriteError> {
+    let locked = lock_partitions(tx, ids, false).await?;
+    write_locked(tx, batch, ids, locked).await
+}
+
+/// Locks the partitions' rows in ascending id order (two brokers committing overlapping sets
+/// queue behind each other instead of deadlocking) and reads each one's next offset and dedup
+/// window. With `begin`, the same round trip opens the transaction: the ids are integers of
+/// our own, inlined into one simple-protocol `BEGIN; SELECT … FOR UPDATE`.
+async fn lock_partitions(
+    conn: &mut PgConnection,
+    ids: &[i64],
+    begin: bool,
+) -> Result<HashMap<i64, Locked>, WriteError> {
     let mut lock_ids = ids.to_vec();
     lock_ids.sort_unstable();
     lock_ids.dedup();
-    let rows: Vec<(i64, i64, i32)> = sqlx::query_as(
-        "SELECT p.id, p.next_offset, q.dedup_window_seconds
+    const LOCK: &str = "SELECT p.id, p.next_offset, q.dedup_window_seconds
            FROM queen.partitions p
            JOIN queen.queues q ON q.id = p.queue_id
           WHERE p.id = ANY($1)
           ORDER BY p.id
-            FOR UPDATE OF p",
-    )
-    .bind(&lock_ids)
-    .fetch_all(&mut *tx)
-    .await?;
-    let mut locked: HashMap<i64, Locked> = rows
+            FOR UPDATE OF p";
+    let rows: Vec<(i64, i64, i32)> = if begin {
+        let list: Vec<String> = lock_ids.iter().map(i64::to_string).collect();
+        let sql = format!(
+            "BEGIN; {}",
+            LOCK.replace("$1", &format!("'{{{}}}'::int8[]", list.join(",")))
+        );
+        let mut rows = Vec::with_capacity(lock_ids.len());
+        for row in sqlx::raw_sql(&sql).fetch_all(&mut *conn).await? {
+            rows.push((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?));
+        }
+        rows
+    } else {
+        sqlx::query_as(LOCK)
+            .bind(&lock_ids)
+            .fetch_all(&mut *conn)
+            .await?
+    };
+    let locked: HashMap<i64, Locked> = rows
         .into_iter()
         .map(|(id, next_offset, window_secs)| {
             (
@@ -241,8 +273,34 @@ pub async fn write_segments(
             .collect();
         return Err(WriteError::Deleted(missing));
     }
+    Ok(locked)
+}
 
-    // Probe every key of every dedup-enabled partition in one statement.
+/// Everything one write statement needs, planned from the locked rows and the known hits.
+struct WritePlan<'a> {
+    outcomes: Vec<SegmentOutcome>,
+    upd_ids: Vec<i64>,
+    upd_next: Vec<i64>,
+    seg_pids: Vec<i64>,
+    seg_bases: Vec<i64>,
+    seg_counts: Vec<i32>,
+    seg_frames: Vec<Vec<u8>>,
+    key_pids: Vec<i64>,
+    key_hashes: Vec<i64>,
+    key_offsets: Vec<i64>,
+    written: Vec<&'a PartitionKey>,
+}
+
+/// Writes the batch under the locks already held. Optimistic about duplicates: the write is
+/// planned as if no stored key matched and runs in one statement with the dedup probe, which
+/// writes nothing when the probe finds a hit. Only then are the originals read and the write
+/// planned and sent again: one round trip in the common case, three with duplicates.
+async fn write_locked(
+    tx: &mut PgConnection,
+    batch: &[SegmentWrite],
+    ids: &[i64],
+    locked: HashMap<i64, Locked>,
+) -> Result<Vec<SegmentOutcome>, WriteError> {
     let hashes: Vec<Vec<i64>> = batch
         .iter()
         .zip(ids)
@@ -267,32 +325,60 @@ pub async fn write_segments(
             window_secs,
         }));
     }
-    let hits = dedup::probe(&mut *tx, &probes).await?;
-    let originals = if hits.is_empty() {
-        HashMap::new()
-    } else {
-        let at: Vec<(i64, i64)> = hits
-            .iter()
-            .flat_map(|((pid, _), offs)| offs.iter().map(|o| (*pid, *o)))
-            .collect();
-        dedup::originals(&mut *tx, &at).await?
-    };
 
-    // Decide verdicts and allocate offsets, segment by segment.
-    let mut outcomes = Vec::with_capacity(batch.len());
-    let mut upd_ids = Vec::new();
-    let mut upd_next = Vec::new();
-    let mut seg_pids = Vec::new();
-    let mut seg_bases = Vec::new();
-    let mut seg_counts = Vec::new();
-    let mut seg_frames: Vec<Vec<u8>> = Vec::new();
-    let mut key_pids = Vec::new();
-    let mut key_hashes = Vec::new();
-    let mut key_offsets = Vec::new();
-    let mut written: Vec<&PartitionKey> = Vec::new();
-    for ((write, &pid), seg_hashes) in batch.iter().zip(ids).zip(&hashes) {
-        let lock = locked.get_mut(&pid).expect("every id was locked");
-        let dedup_on = lock.window_secs > 0;
+    let plan = plan_write(
+        batch,
+        ids,
+        &hashes,
+        &locked,
+        &HashMap::new(),
+        &HashMap::new(),
+    );
+    let hits = execute_write(tx, &plan, &probes).await?;
+    if hits.is_empty() {
+        return Ok(plan.outcomes);
+    }
+    let mut by_key: HashMap<(i64, i64), Vec<i64>> = HashMap::new();
+    for (pid, hash, offset) in hits {
+        by_key.entry((pid, hash)).or_default().push(offset);
+    }
+    let at: Vec<(i64, i64)> = by_key
+        .iter()
+        .flat_map(|((pid, _), offs)| offs.iter().map(|o| (*pid, *o)))
+        .collect();
+    let originals = dedup::originals(&mut *tx, &at).await?;
+    let plan = plan_write(batch, ids, &hashes, &locked, &by_key, &originals);
+    execute_write(tx, &plan, &[]).await?;
+    Ok(plan.outcomes)
+}
+
+/// Decides each item's verdict and the offsets of the accepted ones, given the stored keys
+/// that matched (`hits`, confirmed through `originals`).
+fn plan_write<'a>(
+    batch: &'a [SegmentWrite],
+    ids: &[i64],
+    hashes: &[Vec<i64>],
+    locked: &HashMap<i64, Locked>,
+    hits: &HashMap<(i64, i64), Vec<i64>>,
+    originals: &HashMap<(i64, i64), Original>,
+) -> WritePlan<'a> {
+    let mut next: HashMap<i64, i64> = locked.iter().map(|(id, l)| (*id, l.next_offset)).collect();
+    let mut plan = WritePlan {
+        outcomes: Vec::with_capacity(batch.len()),
+        upd_ids: Vec::new(),
+        upd_next: Vec::new(),
+        seg_pids: Vec::new(),
+        seg_bases: Vec::new(),
+        seg_counts: Vec::new(),
+        seg_frames: Vec::new(),
+        key_pids: Vec::new(),
+        key_hashes: Vec::new(),
+        key_offsets: Vec::new(),
+        written: Vec::new(),
+    };
+    for ((write, &pid), seg_hashes) in batch.iter().zip(ids).zip(hashes) {
+        let dedup_on = locked[&pid].window_secs > 0;
+        let base = next[&pid];
         let mut verdicts = Vec::with_capacity(write.items.len());
         let mut accepted: Vec<&Item> = Vec::with_capacity(write.items.len());
         let mut first_in_batch: HashMap<&str, Uuid> = HashMap::new();
@@ -300,7 +386,7 @@ pub async fn write_segments(
             if dedup_on {
                 let hash = seg_hashes[n];
                 if let Some(original) =
-                    stored_original(&hits, &originals, pid, hash, &item.transaction_id)
+                    stored_original(hits, originals, pid, hash, &item.transaction_id)
                 {
                     verdicts.push(Verdict::Duplicate(original));
                     continue;
@@ -310,63 +396,105 @@ pub async fn write_segments(
                     continue;
                 }
                 first_in_batch.insert(&item.transaction_id, item.message_id);
-                key_pids.push(pid);
-                key_hashes.push(hash);
-                key_offsets.push(lock.next_offset + accepted.len() as i64);
+                plan.key_pids.push(pid);
+                plan.key_hashes.push(hash);
+                plan.key_offsets.push(base + accepted.len() as i64);
             }
             verdicts.push(Verdict::Queued);
             accepted.push(item);
         }
         if !accepted.is_empty() {
-            seg_pids.push(pid);
-            seg_bases.push(lock.next_offset);
-            seg_counts.push(accepted.len() as i32);
-            seg_frames.push(frames::encode(accepted.iter().copied()));
-            lock.next_offset += accepted.len() as i64;
-            upd_ids.push(pid);
-            upd_next.push(lock.next_offset);
-            written.push(&write.key);
+            let end = base + accepted.len() as i64;
+            plan.seg_pids.push(pid);
+            plan.seg_bases.push(base);
+            plan.seg_counts.push(accepted.len() as i32);
+            plan.seg_frames
+                .push(frames::encode(accepted.iter().copied()));
+            plan.upd_ids.push(pid);
+            plan.upd_next.push(end);
+            plan.written.push(&write.key);
+            next.insert(pid, end);
         }
-        outcomes.push(SegmentOutcome {
+        plan.outcomes.push(SegmentOutcome {
             partition_id: pid,
             verdicts,
         });
     }
+    plan
+}
 
-    if !seg_pids.is_empty() {
-        // The notification rides in the same statement (no extra round trip); joining it into
-        // the UPDATE makes PostgreSQL evaluate it exactly once.
-        sqlx::query(
-            "WITH notified AS (
-                 SELECT pg_notify('queen_push', $10)
-             ), moved AS (
-                 UPDATE queen.partitions p
-                    SET next_offset = x.next_offset,
-                        last_write_at = now(),
-                        last_write_xid = pg_current_xact_id()::text::int8
-                   FROM unnest($1::int8[], $2::int8[]) AS x(id, next_offset), notified
-                  WHERE p.id = x.id
-             ), segments AS (
-                 INSERT INTO queen.segments (partition_id, base_offset, msg_count, frames)
-                 SELECT * FROM unnest($3::int8[], $4::int8[], $5::int4[], $6::bytea[])
-             )
-             INSERT INTO queen.dedup_keys (partition_id, key_hash, msg_offset)
-             SELECT * FROM unnest($7::int8[], $8::int8[], $9::int8[])",
-        )
-        .bind(&upd_ids)
-        .bind(&upd_next)
-        .bind(&seg_pids)
-        .bind(&seg_bases)
-        .bind(&seg_counts)
-        .bind(&seg_frames)
-        .bind(&key_pids)
-        .bind(&key_hashes)
-        .bind(&key_offsets)
-        .bind(crate::wake::notify_payload(&written))
-        .execute(&mut *tx)
-        .await?;
+/// Runs the planned write in one statement, unless `probes` find a stored key: returns the
+/// (partition, hash, offset) of every hit, and wrote nothing if there is any.
+async fn execute_write(
+    tx: &mut PgConnection,
+    plan: &WritePlan<'_>,
+    probes: &[Probe],
+) -> sqlx::Result<Vec<(i64, i64, i64)>> {
+    if plan.seg_pids.is_empty() && probes.is_empty() {
+        return Ok(Vec::new());
     }
-    Ok(outcomes)
+    let probe_pids: Vec<i64> = probes.iter().map(|p| p.partition_id).collect();
+    let probe_hashes: Vec<i64> = probes.iter().map(|p| p.hash).collect();
+    let probe_windows: Vec<i32> = probes.iter().map(|p| p.window_secs).collect();
+    // The probe is a LATERAL subquery with OFFSET 0: one index probe per key, whatever plan is
+    // cached (it cannot be flattened into a join that scans the sidecar). The notification
+    // rides in the same statement; joining it into the UPDATE makes it run exactly once.
+    sqlx::query_as(
+        "WITH hits AS (
+             SELECT x.partition_id, x.key_hash, d.msg_offset
+               FROM unnest($11::int8[], $12::int8[], $13::int4[])
+                    AS x(partition_id, key_hash, window_secs)
+              CROSS JOIN LATERAL (
+                    SELECT k.msg_offset
+                      FROM queen.dedup_keys k
+                     WHERE k.partition_id = x.partition_id
+                       AND k.key_hash = x.key_hash
+                       AND k.created_at > now() - make_interval(secs => x.window_secs)
+                    OFFSET 0
+              ) d
+         ), go AS (
+             SELECT NOT EXISTS (SELECT 1 FROM hits) AS ok
+         ), notified AS (
+             SELECT pg_notify('queen_push', $10)
+               FROM go
+              WHERE go.ok AND cardinality($1::int8[]) > 0
+         ), moved AS (
+             UPDATE queen.partitions p
+                SET next_offset = x.next_offset,
+                    last_write_at = now(),
+                    last_write_xid = pg_current_xact_id()::text::int8
+               FROM unnest($1::int8[], $2::int8[]) AS x(id, next_offset), notified
+              WHERE p.id = x.id
+         ), segments AS (
+             INSERT INTO queen.segments (partition_id, base_offset, msg_count, frames)
+             SELECT s.partition_id, s.base_offset, s.msg_count, s.frames
+               FROM unnest($3::int8[], $4::int8[], $5::int4[], $6::bytea[])
+                    AS s(partition_id, base_offset, msg_count, frames), go
+              WHERE go.ok
+         ), keys AS (
+             INSERT INTO queen.dedup_keys (partition_id, key_hash, msg_offset)
+             SELECT k.partition_id, k.key_hash, k.msg_offset
+               FROM unnest($7::int8[], $8::int8[], $9::int8[])
+                    AS k(partition_id, key_hash, msg_offset), go
+              WHERE go.ok
+         )
+         SELECT partition_id, key_hash, msg_offset FROM hits",
+    )
+    .bind(&plan.upd_ids)
+    .bind(&plan.upd_next)
+    .bind(&plan.seg_pids)
+    .bind(&plan.seg_bases)
+    .bind(&plan.seg_counts)
+    .bind(&plan.seg_frames)
+    .bind(&plan.key_pids)
+    .bind(&plan.key_hashes)
+    .bind(&plan.key_offsets)
+    .bind(crate::wake::notify_payload(&plan.written))
+    .bind(&probe_pids)
+    .bind(&probe_hashes)
+    .bind(&probe_windows)
+    .fetch_all(&mut *tx)
+    .await
 }
 
 /// The original's id if `transaction_id` is already stored in the partition inside the window:

@@ -17,7 +17,9 @@ pub fn key_hash(transaction_id: &str) -> i64 {
     xxhash_rust::xxh3::xxh3_64(transaction_id.as_bytes()) as i64
 }
 
-/// One probe: this partition, this key hash, this queue's window.
+/// One probe: this partition, this key hash, this queue's window. The probe itself runs inside
+/// the commit's write statement (`storage::commit`), so a batch without duplicates costs no
+/// extra round trip.
 pub struct Probe {
     /// Partition id.
     pub partition_id: i64,
@@ -25,41 +27,6 @@ pub struct Probe {
     pub hash: i64,
     /// Window in seconds (> 0).
     pub window_secs: i32,
-}
-
-/// Offsets of sidecar rows inside their window matching the probes, by (partition, hash).
-///
-/// # Errors
-///
-/// Any database error.
-pub async fn probe(
-    conn: &mut PgConnection,
-    probes: &[Probe],
-) -> sqlx::Result<HashMap<(i64, i64), Vec<i64>>> {
-    let mut hits: HashMap<(i64, i64), Vec<i64>> = HashMap::new();
-    if probes.is_empty() {
-        return Ok(hits);
-    }
-    let pids: Vec<i64> = probes.iter().map(|p| p.partition_id).collect();
-    let hashes: Vec<i64> = probes.iter().map(|p| p.hash).collect();
-    let windows: Vec<i32> = probes.iter().map(|p| p.window_secs).collect();
-    let rows: Vec<(i64, i64, i64)> = sqlx::query_as(
-        "SELECT d.partition_id, d.key_hash, d.msg_offset
-           FROM unnest($1::int8[], $2::int8[], $3::int4[]) AS x(partition_id, key_hash, window_secs)
-           JOIN queen.dedup_keys d
-             ON d.partition_id = x.partition_id
-            AND d.key_hash = x.key_hash
-          WHERE d.created_at > now() - make_interval(secs => x.window_secs)",
-    )
-    .bind(&pids)
-    .bind(&hashes)
-    .bind(&windows)
-    .fetch_all(conn)
-    .await?;
-    for (pid, hash, offset) in rows {
-        hits.entry((pid, hash)).or_default().push(offset);
-    }
-    Ok(hits)
 }
 
 /// What the stored message at an offset is.
