@@ -465,6 +465,7 @@ async fn execute_write(
                     last_write_xid = pg_current_xact_id()::text::int8
                FROM unnest($1::int8[], $2::int8[]) AS x(id, next_offset), notified
               WHERE p.id = x.id
+                AND p.id = ANY($1)
          ), segments AS (
              INSERT INTO queen.segments (partition_id, base_offset, msg_count, frames)
              SELECT s.partition_id, s.base_offset, s.msg_count, s.frames
