@@ -212,3 +212,31 @@ async fn a_torn_tail_and_a_corrupt_record_are_skipped_and_the_good_records_repla
     );
     assert!(app.spool_files().is_empty());
 }
+
+#[actix_web::test]
+async fn replay_resumes_after_the_watermark_of_an_earlier_run() {
+    let db = fresh_db().await;
+    let settings = test_settings(&db, &[]);
+    let dir = settings.file_buffer_dir.clone();
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut bytes = Vec::new();
+    for n in 0..5 {
+        let (key, item) = spooled(n);
+        record::encode(&key, &item, &mut bytes);
+    }
+    let file = dir.join("spool-00000000000000000001-000001.qspool");
+    std::fs::write(&file, &bytes).unwrap();
+    // An earlier run committed the first two records and recorded that, then died.
+    std::fs::write(broker_actors::spool::done_path(&file), 2u64.to_le_bytes()).unwrap();
+
+    let app = spawn_app_with(settings).await;
+    app.drained().await;
+    let keys: Vec<String> = db
+        .stored("torn", "Default")
+        .await
+        .into_iter()
+        .map(|s| s.transaction_id)
+        .collect();
+    assert_eq!(keys, ["good-2", "good-3", "good-4"]);
+    assert!(app.spool_files().is_empty());
+}

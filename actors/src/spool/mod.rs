@@ -31,7 +31,7 @@ pub const SPOOL_SUFFIX: &str = ".qspool";
 /// Suffix of a spool file's watermark (records replayed so far).
 pub const DONE_SUFFIX: &str = ".done";
 /// A file is sealed once it grows past this.
-pub const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
+pub const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
 
 /// Why the spool could not take a record.
 #[derive(Debug, Clone, thiserror::Error)]

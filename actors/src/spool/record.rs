@@ -74,10 +74,17 @@ fn put_str(out: &mut Vec<u8>, value: Option<&str>) {
 
 /// Reads every intact record of a spool file, reporting damage instead of failing.
 pub fn decode_all(bytes: &[u8]) -> (Vec<Record>, Vec<Damage>) {
+    let (records, damage, _) = decode_some(bytes, 0, usize::MAX);
+    (records, damage)
+}
+
+/// Reads up to `max` intact records starting at byte `from`, reporting damage on the way;
+/// returns them with the byte offset where reading stopped (the file's end when it got there).
+pub fn decode_some(bytes: &[u8], from: usize, max: usize) -> (Vec<Record>, Vec<Damage>, usize) {
     let mut records = Vec::new();
     let mut damage: Vec<Damage> = Vec::new();
-    let mut at = 0;
-    while at < bytes.len() {
+    let mut at = from;
+    while at < bytes.len() && records.len() < max {
         match decode_one(&bytes[at..]) {
             Ok((record, used)) => {
                 records.push(record);
@@ -94,7 +101,7 @@ pub fn decode_all(bytes: &[u8]) -> (Vec<Record>, Vec<Damage>) {
             }
         }
     }
-    (records, damage)
+    (records, damage, at)
 }
 
 fn find_magic(bytes: &[u8], from: usize) -> Option<usize> {
@@ -232,5 +239,20 @@ mod tests {
         let (read, damage) = decode_all(b"not a spool file at all");
         assert!(read.is_empty());
         assert_eq!(damage.len(), 1);
+    }
+
+    #[test]
+    fn records_are_read_a_batch_at_a_time_and_resume_where_they_stopped() {
+        let records: Vec<Record> = (0..5).map(record).collect();
+        let bytes = file(&records);
+        let (first, damage, at) = decode_some(&bytes, 0, 2);
+        assert_eq!(first, records[..2]);
+        assert!(damage.is_empty());
+        let (rest, _, end) = decode_some(&bytes, at, 10);
+        assert_eq!(rest, records[2..]);
+        assert_eq!(end, bytes.len());
+        let (none, _, end_again) = decode_some(&bytes, end, 10);
+        assert!(none.is_empty());
+        assert_eq!(end_again, bytes.len());
     }
 }

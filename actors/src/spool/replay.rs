@@ -22,11 +22,20 @@ use crate::store::{SegmentStore, SegmentWrite};
 /// Records committed per replay transaction at most.
 pub const REPLAY_BATCH: usize = 2_000;
 
+/// A spool file being replayed: its bytes (a sealed file is at most `MAX_FILE_BYTES`), where the
+/// next record starts, and how many records are replayed. Records are decoded one batch at a
+/// time, so replay holds the file once, not a decoded copy of all of it.
 struct Loaded {
     path: PathBuf,
-    bytes: u64,
-    records: Vec<Record>,
-    done: usize,
+    bytes: Vec<u8>,
+    at: usize,
+    done: u64,
+}
+
+impl Loaded {
+    fn finished(&self) -> bool {
+        self.at >= self.bytes.len()
+    }
 }
 
 /// Replays the spool; see the module docs.
@@ -109,7 +118,7 @@ async fn replay_round<S: SegmentStore>(
     state: Arc<SpoolState>,
 ) -> (S, Option<Loaded>, Round) {
     let mut loaded = match current {
-        Some(loaded) if loaded.done < loaded.records.len() => loaded,
+        Some(loaded) if !loaded.finished() => loaded,
         _ => {
             let files = spool.send(Seal).await.unwrap_or_default();
             let Some(path) = files.into_iter().next() else {
@@ -124,17 +133,18 @@ async fn replay_round<S: SegmentStore>(
             }
         }
     };
-    if loaded.done >= loaded.records.len() {
+    let (batch, damage, next) = record::decode_some(&loaded.bytes, loaded.at, REPLAY_BATCH);
+    report_damage(&loaded.path, &damage);
+    if batch.is_empty() {
+        loaded.at = next;
         finish_file(&loaded, &state).await;
         return (store, None, Round::Progress);
     }
-    let end = (loaded.done + REPLAY_BATCH).min(loaded.records.len());
-    let batch = &loaded.records[loaded.done..end];
-    let writes = group(batch);
+    let writes = group(&batch);
     match store.commit(&writes).await {
         Ok(_) => {
             let path = loaded.path.clone();
-            let watermark = end as u64;
+            let watermark = loaded.done + batch.len() as u64;
             let saved =
                 tokio::task::spawn_blocking(move || write_watermark(&path, watermark)).await;
             if let Ok(Err(e)) | Err(e) = saved.map_err(|e| std::io::Error::other(e.to_string())) {
@@ -144,18 +154,25 @@ async fn replay_round<S: SegmentStore>(
             for w in &writes {
                 state.release(&w.key, w.items.len() as u64);
             }
-            state.replayed.fetch_add(
-                (end - loaded.done) as u64,
-                std::sync::atomic::Ordering::AcqRel,
-            );
-            loaded.done = end;
-            if loaded.done >= loaded.records.len() {
+            state
+                .replayed
+                .fetch_add(batch.len() as u64, std::sync::atomic::Ordering::AcqRel);
+            loaded.done = watermark;
+            loaded.at = next;
+            if loaded.finished() {
                 finish_file(&loaded, &state).await;
                 return (store, None, Round::Progress);
             }
             (store, Some(loaded), Round::Progress)
         }
         Err(e) => (store, Some(loaded), Round::Failed(e)),
+    }
+}
+
+fn report_damage(path: &std::path::Path, damage: &[record::Damage]) {
+    for d in damage {
+        tracing::error!(file = %path.display(), at = d.at, skipped = d.skipped, reason = d.reason,
+            "damaged spool data skipped (torn or corrupt record)");
     }
 }
 
@@ -181,13 +198,16 @@ fn group(batch: &[Record]) -> Vec<SegmentWrite> {
 async fn load(path: PathBuf) -> Result<Loaded, String> {
     tokio::task::spawn_blocking(move || {
         let bytes = std::fs::read(&path).map_err(|e| e.to_string())?;
-        let (records, damage) = record::decode_all(&bytes);
-        for d in &damage {
-            tracing::error!(file = %path.display(), at = d.at, skipped = d.skipped, reason = d.reason,
-                "damaged spool data skipped (torn or corrupt record)");
-        }
-        let done = (read_watermark(&path) as usize).min(records.len());
-        Ok(Loaded { bytes: bytes.len() as u64, records, done, path })
+        // Skip what an earlier run already replayed (the watermark counts intact records).
+        let done = read_watermark(&path);
+        let (skipped, damage, at) = record::decode_some(&bytes, 0, done as usize);
+        report_damage(&path, &damage);
+        Ok(Loaded {
+            done: skipped.len() as u64,
+            at,
+            bytes,
+            path,
+        })
     })
     .await
     .map_err(|e| e.to_string())?
@@ -219,8 +239,8 @@ async fn finish_file(loaded: &Loaded, state: &SpoolState) {
     .await;
     match removed {
         Ok(Ok(())) => {
-            state.sub_bytes(loaded.bytes);
-            tracing::info!(file = %loaded.path.display(), records = loaded.records.len(), "spool file replayed and removed");
+            state.sub_bytes(loaded.bytes.len() as u64);
+            tracing::info!(file = %loaded.path.display(), records = loaded.done, "spool file replayed and removed");
         }
         Ok(Err(e)) => {
             tracing::error!(file = %loaded.path.display(), error = %e, "cannot remove replayed spool file")
