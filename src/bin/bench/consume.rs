@@ -6,7 +6,9 @@
 //! - [`end_to_end`]: N producers (push, batch 100) and K consumers (the same loop with
 //!   `wait=true&timeout=1000`) run together for the window: msg/s consumed, and the latency
 //!   from the push being answered `queued` to the message's pop being answered. Then the
-//!   producers stop and the consumers drain the queue.
+//!   producers stop and the consumers drain the queue. The paced variants offer a share (50 %,
+//!   25 %) of the same round's push-only rate instead of pushing as fast as answered: whether
+//!   the consumers keep up with that, and the latency when they do.
 //!
 //! Both check every message: consumed at most once (exactly once after the drain, for
 //! end-to-end), nothing consumed that was not acknowledged, and the committed offsets in

@@ -42,7 +42,7 @@ pushing while PostgreSQL is down (spool), and consuming (pop+ack, end-to-end)
 USAGE: bench [OPTIONS]   (build first: cargo build --release --bins)
 
   --quick                 100 partitions, batch 1 and 100, dedup on/off, 2 rounds
-                          (push suite ~2½ minutes, spool + consume ~2½ minutes)
+                          (push suite ~2½ minutes, spool + consume ~3 minutes)
   --suites LIST           push,spool,consume (default all). spool and consume run at 100
                           partitions (else the first of --partitions) with dedup on (unless
                           --dedup off); consume adds the push-only scenario it is compared
@@ -288,6 +288,10 @@ fn plan(o: &Options, can_stop_postgres: bool) -> Vec<Scenario> {
             Kind::EndToEnd {
                 batch: 100,
                 pace_pct: 50,
+            },
+            Kind::EndToEnd {
+                batch: 100,
+                pace_pct: 25,
             },
         ] {
             out.push(Scenario {
@@ -623,8 +627,8 @@ mod tests {
             .expect("options");
         assert_eq!((o.rounds, o.partitions.clone()), (5, vec![100]));
         let p = plan(&o, true);
-        // push: 2 naive + 2 × (2 baselines + 2 batches); spool: 2 batches; consume: 3.
-        assert_eq!(p.len(), 2 + 2 * (2 + 2) + 2 + 3);
+        // push: 2 naive + 2 × (2 baselines + 2 batches); spool: 2 batches; consume: 4.
+        assert_eq!(p.len(), 2 + 2 * (2 + 2) + 2 + 4);
         assert!(matches!(p[0].kind, Kind::Naive));
         assert!(matches!(p[2].kind, Kind::SegmentRows));
         assert!(matches!(p[4].kind, Kind::Broker { batch: 100 }));
@@ -641,7 +645,7 @@ mod tests {
             .expect("parses")
             .expect("options");
         let p = plan(&only, false);
-        assert_eq!(p.len(), 4, "the push-only scenario is added for the ratio");
+        assert_eq!(p.len(), 5, "the push-only scenario is added for the ratio");
         assert!(matches!(p[0].kind, Kind::Broker { batch: 100 }));
         assert!(!plan(&o, false)
             .iter()
