@@ -266,6 +266,43 @@ impl Server {
         }
     }
 
+    /// Whether the bench can take this server away and bring it back (a private cluster).
+    pub fn can_stop(&self) -> bool {
+        self.cluster.is_some()
+    }
+
+    /// Takes PostgreSQL away the way a crash does (`pg_ctl stop -m immediate`): every
+    /// connection breaks, new ones are refused. Only for a private cluster.
+    ///
+    /// # Errors
+    ///
+    /// When there is no private cluster or pg_ctl fails.
+    pub async fn stop_cluster(&mut self) -> Result<(), BoxError> {
+        let cluster = self
+            .cluster
+            .clone()
+            .ok_or("only a private cluster can be stopped")?;
+        tokio::task::spawn_blocking(move || cluster.stop(true)).await??;
+        Ok(())
+    }
+
+    /// Starts the private cluster again (after crash recovery it accepts connections) and
+    /// reconnects the admin connection.
+    ///
+    /// # Errors
+    ///
+    /// When there is no private cluster, it does not start, or the admin connection fails.
+    pub async fn start_cluster(&mut self) -> Result<(), BoxError> {
+        let cluster = self
+            .cluster
+            .clone()
+            .ok_or("only a private cluster can be started")?;
+        tokio::task::spawn_blocking(move || cluster.start(true)).await??;
+        self.admin = PgConnection::connect(&self.admin_url).await?;
+        self.postmaster = postmaster_of(&mut self.admin).await?;
+        Ok(())
+    }
+
     /// Drops the template (when running against a given server).
     pub async fn drop_template(&mut self) {
         let template = self.template.clone();
@@ -356,4 +393,47 @@ pub async fn stored_messages(conn: &mut PgConnection) -> Result<i64, BoxError> {
             .fetch_one(conn)
             .await?,
     )
+}
+
+/// How often each transaction id minted with `tag` is stored, by connection and sequence
+/// (decoding every segment), and how many stored messages carry another id.
+///
+/// # Errors
+///
+/// Any database error, or a segment that does not decode.
+pub async fn stored_transactions(
+    conn: &mut PgConnection,
+    tag: u64,
+    counts: &mut crate::traffic::Counts,
+) -> Result<u64, BoxError> {
+    use futures_util::TryStreamExt;
+    let mut other = 0;
+    let mut rows =
+        sqlx::query_scalar::<_, Vec<u8>>("SELECT frames FROM queen.segments").fetch(conn);
+    while let Some(bytes) = rows.try_next().await? {
+        for f in queen_broker::storage::frames::decode(&bytes)? {
+            match crate::traffic::parse_txn(f.transaction_id, tag) {
+                Some((c, seq)) => counts.add(c, seq),
+                None => other += 1,
+            }
+        }
+    }
+    Ok(other)
+}
+
+/// Queue mode's consumption: the sum of committed offsets over the bench queue's partitions
+/// (offsets start at 0, so this is the number of messages consumed) and the leases still live.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn consumed_offsets(conn: &mut PgConnection) -> Result<(i64, i64), BoxError> {
+    Ok(sqlx::query_as(
+        "SELECT COALESCE(sum(committed_offset), 0)::int8,
+                count(*) FILTER (WHERE lease_expires_at > now())
+           FROM queen.partition_consumers
+          WHERE consumer_group = '__QUEUE_MODE__'",
+    )
+    .fetch_one(conn)
+    .await?)
 }

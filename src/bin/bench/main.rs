@@ -7,8 +7,13 @@
 //! (segments + dedup sidecar) written directly by SQL, (2) one row per message. Every scenario
 //! runs in each of several rounds; the report gives medians and the median of per-round ratios,
 //! because the machine is shared and absolute figures drift. Only 127.0.0.1 is ever contacted.
+//!
+//! Two more suites use the same machinery: `spool` (push while PostgreSQL is down, then the
+//! replay's drain rate) and `consume` (pop+ack on a filled queue, and producers with consumers
+//! together, with end-to-end latency).
 
 mod broker;
+mod consume;
 mod data;
 mod db;
 mod http;
@@ -17,6 +22,8 @@ mod measure;
 mod profile;
 mod report;
 mod scenario;
+mod spool;
+mod traffic;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,11 +36,17 @@ use crate::scenario::{Kind, Params, Scenario};
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const USAGE: &str = "\
-bench: throughput and latency of POST /api/v1/push against same-run PostgreSQL baselines
+bench: throughput and latency of POST /api/v1/push against same-run PostgreSQL baselines,
+pushing while PostgreSQL is down (spool), and consuming (pop+ack, end-to-end)
 
 USAGE: bench [OPTIONS]   (build first: cargo build --release --bins)
 
-  --quick                 ~2 minutes: 100 partitions, batch 1 and 100, dedup on/off, 2 rounds
+  --quick                 100 partitions, batch 1 and 100, dedup on/off, 2 rounds
+                          (push suite ~2½ minutes, spool + consume ~3 minutes)
+  --suites LIST           push,spool,consume (default all). spool and consume run at 100
+                          partitions (else the first of --partitions) with dedup on (unless
+                          --dedup off); consume adds the push-only scenario it is compared
+                          with (batch 100) when the push suite does not measure it
   --rounds N              rounds of the whole matrix (default 3)
   --duration SECS         timed window per measurement (default 3)
   --warmup SECS           warm-up before the window (default 1)
@@ -44,6 +57,8 @@ USAGE: bench [OPTIONS]   (build first: cargo build --release --bins)
   --partitions LIST       partitions written (default 1,100,10000)
   --dedup LIST            on,off (default on,off)
   --no-baselines          measure the broker only
+  --consumers N           concurrent consumers of the consume suite (default 16)
+  --prefill N             messages pushed before the pop+ack window (default 300000)
   --database-url URL      use this server (its database is used for CREATE DATABASE) instead of
                           a private durable cluster started from the local PostgreSQL binaries
   --broker-bin PATH       the broker binary (default: queen-broker beside this program)
@@ -75,6 +90,17 @@ struct Options {
     quick: bool,
     verbose: bool,
     profile: bool,
+    suites: Vec<Suite>,
+    consumers: usize,
+    prefill: u64,
+}
+
+/// The parts of the bench.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Suite {
+    Push,
+    Spool,
+    Consume,
 }
 
 fn list<T: std::str::FromStr>(v: &str, name: &str) -> Result<Vec<T>, String> {
@@ -107,6 +133,9 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
         quick: false,
         verbose: false,
         profile: false,
+        suites: vec![Suite::Push, Suite::Spool, Suite::Consume],
+        consumers: 16,
+        prefill: 300_000,
     };
     let mut explicit = Vec::new();
     let mut it = args.iter();
@@ -154,6 +183,21 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
                     .ok_or_else(|| format!("--broker-env: expected KEY=VALUE, not {kv:?}"))?;
                 o.broker_env.push((k.to_string(), v.to_string()));
             }
+            "--suites" => {
+                o.suites = value(arg)?
+                    .split(',')
+                    .map(|d| match d.trim() {
+                        "push" => Ok(Suite::Push),
+                        "spool" => Ok(Suite::Spool),
+                        "consume" => Ok(Suite::Consume),
+                        other => Err(format!(
+                            "--suites: expected push, spool or consume, not {other:?}"
+                        )),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            "--consumers" => o.consumers = value(arg)?.parse().map_err(|_| num_err(arg))?,
+            "--prefill" => o.prefill = value(arg)?.parse().map_err(|_| num_err(arg))?,
             "--json" => o.json = Some(PathBuf::from(value(arg)?)),
             "--svg" => o.svg = Some(PathBuf::from(value(arg)?)),
             other => return Err(format!("unknown option {other:?} (see --help)")),
@@ -175,8 +219,19 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
             o.partitions = vec![100];
         }
     }
-    if o.rounds == 0 || o.connections == 0 || o.baseline_batch == 0 || o.duration <= 0.0 {
-        return Err("rounds, connections, baseline batch and duration must be positive".into());
+    if o.rounds == 0
+        || o.connections == 0
+        || o.baseline_batch == 0
+        || o.duration <= 0.0
+        || o.consumers == 0
+    {
+        return Err(
+            "rounds, connections, consumers, baseline batch and duration must be positive".into(),
+        );
+    }
+    if o.suites.is_empty() || o.partitions.is_empty() || o.batches.is_empty() || o.dedup.is_empty()
+    {
+        return Err("suites, partitions, batches and dedup must not be empty".into());
     }
     if o.batches.contains(&0) || o.partitions.contains(&0) {
         return Err("batches and partitions must be positive".into());
@@ -187,7 +242,78 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
 /// The measurements of one round, in order: per partition count, the naive baselines, then per
 /// dedup setting baselines (1) and (1+) followed by the broker from the largest batch down, so
 /// each broker run sits next to the baselines it is compared with.
-fn plan(o: &Options) -> Vec<Scenario> {
+fn plan(o: &Options, can_stop_postgres: bool) -> Vec<Scenario> {
+    let mut out = if o.suites.contains(&Suite::Push) {
+        push_plan(o)
+    } else {
+        Vec::new()
+    };
+    let partitions = target_partitions(o);
+    let dedup = o.dedup.contains(&true);
+    if o.suites.contains(&Suite::Spool) && can_stop_postgres {
+        // The issue's batch sizes (100 and 1) among those asked for; else all asked for.
+        let mut batches: Vec<usize> = o
+            .batches
+            .iter()
+            .copied()
+            .filter(|b| *b == 1 || *b == 100)
+            .collect();
+        if batches.is_empty() {
+            batches = o.batches.clone();
+        }
+        batches.sort_unstable_by(|a, b| b.cmp(a));
+        for batch in batches {
+            out.push(Scenario {
+                kind: Kind::Spool { batch },
+                partitions,
+                dedup,
+            });
+        }
+    }
+    if o.suites.contains(&Suite::Consume) {
+        let push_only = Scenario {
+            kind: Kind::Broker { batch: 100 },
+            partitions,
+            dedup,
+        };
+        if !out.contains(&push_only) {
+            out.push(push_only);
+        }
+        for kind in [
+            Kind::PopAck { batch: 100 },
+            Kind::EndToEnd {
+                batch: 100,
+                pace_pct: 0,
+            },
+            Kind::EndToEnd {
+                batch: 100,
+                pace_pct: 50,
+            },
+            Kind::EndToEnd {
+                batch: 100,
+                pace_pct: 25,
+            },
+        ] {
+            out.push(Scenario {
+                kind,
+                partitions,
+                dedup,
+            });
+        }
+    }
+    out
+}
+
+/// The partition count the targets (and the spool and consume suites) use: 100 when measured.
+fn target_partitions(o: &Options) -> u64 {
+    if o.partitions.contains(&100) {
+        100
+    } else {
+        o.partitions[0]
+    }
+}
+
+fn push_plan(o: &Options) -> Vec<Scenario> {
     let mut batches = o.batches.clone();
     batches.sort_unstable_by(|a, b| b.cmp(a));
     let mut out = Vec::new();
@@ -312,15 +438,35 @@ async fn run_on(
         ticks_per_sec: measure::clock_ticks_per_sec(),
         verbose: o.verbose,
         profile: o.profile,
+        consumers: o.consumers,
+        prefill: o.prefill,
     };
-    let scenarios = plan(o);
+    if o.suites.contains(&Suite::Spool) && !server.can_stop() {
+        eprintln!(
+            "bench: note: the spool suite needs the private cluster (it stops PostgreSQL); skipped with --database-url"
+        );
+    }
+    let scenarios = plan(o, server.can_stop());
     let total = scenarios.len() * o.rounds;
     let mut results = Results { all: Vec::new() };
     let mut n = 0;
     for round in 0..o.rounds {
         for &s in &scenarios {
             n += 1;
-            let m = scenario::run(server, &params, s, round).await?;
+            // A paced end-to-end run offers a share of this round's push-only rate.
+            let push_only = results
+                .all
+                .iter()
+                .find(|m| {
+                    m.round == round
+                        && m.scenario
+                            == Scenario {
+                                kind: Kind::Broker { batch: 100 },
+                                ..s
+                            }
+                })
+                .map(|m| m.msgs_per_sec);
+            let m = scenario::run(server, &params, s, round, push_only).await?;
             eprintln!(
                 "[{:>3}/{total} {:>4.0}s] round {} {:<44} {:>9.0} msg/s  p50 {:>6.1} ms  p99 {:>6.1} ms{}  cpu b{:.2} pg{:.2} load{:.2} other{:.2}{}",
                 n,
@@ -342,6 +488,9 @@ async fn run_on(
                     format!("\n      ! {}", m.problems.join("\n      ! "))
                 }
             );
+            if let Some(line) = report::detail_line(&m) {
+                eprintln!("      {line}");
+            }
             if let Some(p) = &m.profile {
                 eprint!("{}", profile::text(p));
             }
@@ -350,12 +499,10 @@ async fn run_on(
     }
 
     let rows = results.rows();
-    let target_p = if o.partitions.contains(&100) {
-        100
-    } else {
-        o.partitions[0]
-    };
+    let target_p = target_partitions(o);
     let targets = results.targets(target_p);
+    let spool_rows = results.spool_rows();
+    let consume_rows = results.consume_rows();
     let mut header = String::new();
     header.push_str(&format!("command: {argv}\n"));
     header.push_str(&format!(
@@ -389,6 +536,14 @@ async fn run_on(
     ));
     println!("\n{header}");
     println!("{}", report::table(&rows));
+    if !spool_rows.is_empty() {
+        println!("Spool (PostgreSQL crashed under load, then restarted):");
+        println!("{}", report::spool_table(&spool_rows));
+    }
+    if !consume_rows.is_empty() {
+        println!("Consuming ({} consumers):", o.consumers);
+        println!("{}", report::consume_table(&consume_rows));
+    }
     println!("Targets (medians of per-round ratios, same run):");
     println!("{}", report::targets_text(&targets));
     if let Some(path) = &o.json {
@@ -403,8 +558,12 @@ async fn run_on(
                 "baseline_batch": params.baseline_batch,
                 "payload_chars": data::PAYLOAD_CHARS,
                 "broker_env": o.broker_env,
+                "consumers": o.consumers,
+                "prefill": o.prefill,
             },
             "summary": rows,
+            "spool": spool_rows,
+            "consuming": consume_rows,
             "targets": targets,
             "measurements": results.all,
         });
@@ -467,11 +626,30 @@ mod tests {
             .expect("parses")
             .expect("options");
         assert_eq!((o.rounds, o.partitions.clone()), (5, vec![100]));
-        let p = plan(&o);
-        assert_eq!(p.len(), 2 + 2 * (2 + 2));
+        let p = plan(&o, true);
+        // push: 2 naive + 2 × (2 baselines + 2 batches); spool: 2 batches; consume: 4.
+        assert_eq!(p.len(), 2 + 2 * (2 + 2) + 2 + 4);
         assert!(matches!(p[0].kind, Kind::Naive));
         assert!(matches!(p[2].kind, Kind::SegmentRows));
         assert!(matches!(p[4].kind, Kind::Broker { batch: 100 }));
+        assert!(matches!(p[10].kind, Kind::Spool { batch: 100 }));
+        assert!(matches!(p[11].kind, Kind::Spool { batch: 1 }));
+        assert!(matches!(
+            p[13].kind,
+            Kind::EndToEnd {
+                batch: 100,
+                pace_pct: 0
+            }
+        ));
+        let only = parse_args(&args(&["--quick", "--suites", "consume"]))
+            .expect("parses")
+            .expect("options");
+        let p = plan(&only, false);
+        assert_eq!(p.len(), 5, "the push-only scenario is added for the ratio");
+        assert!(matches!(p[0].kind, Kind::Broker { batch: 100 }));
+        assert!(!plan(&o, false)
+            .iter()
+            .any(|s| matches!(s.kind, Kind::Spool { .. })));
     }
 
     #[test]

@@ -150,7 +150,7 @@ pub async fn top_statements(
            JOIN pg_database d ON d.oid = s.dbid
           WHERE d.datname = $1
           ORDER BY s.total_exec_time DESC
-          LIMIT 8",
+          LIMIT 12",
     )
     .bind(database)
     .fetch_all(admin)
@@ -168,6 +168,49 @@ pub async fn top_statements(
             },
         )
         .collect())
+}
+
+/// A profile being collected over a window (statements reset, backends sampled until `end`).
+pub struct Collecting {
+    database: String,
+    sampler: JoinHandle<Result<BackendSamples, String>>,
+}
+
+/// Starts collecting a profile of `database` until `end`.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn begin(
+    server: &mut crate::db::Server,
+    database: &str,
+    end: Instant,
+) -> Result<Collecting, BoxError> {
+    reset_statements(&mut server.admin).await?;
+    Ok(Collecting {
+        database: database.to_string(),
+        sampler: sample_backends(server.admin_url().to_string(), database.to_string(), end),
+    })
+}
+
+/// Ends a collection started by [`begin`] (after its `end`).
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn finish(
+    server: &mut crate::db::Server,
+    collecting: Collecting,
+) -> Result<Profile, BoxError> {
+    let statements = top_statements(&mut server.admin, &collecting.database).await?;
+    let (counts, samples) = collecting.sampler.await??;
+    let (backend_states, backends) = shares(counts, samples);
+    Ok(Profile {
+        statements,
+        backend_states,
+        backends,
+        commits: None,
+    })
 }
 
 /// Reads the committer's trace lines (`commit committer=0 segments=16 items=16 elapsed_us=…

@@ -7,8 +7,10 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::consume::ConsumeDetail;
 use crate::measure::{median, CpuUse};
-use crate::scenario::{Kind, Measurement, Scenario};
+use crate::scenario::{Detail, Kind, Measurement, Scenario};
+use crate::spool::SpoolDetail;
 
 /// Medians of one scenario over its rounds.
 #[derive(Clone, Debug, Serialize)]
@@ -62,6 +64,289 @@ pub struct Versus {
     pub throughput: f64,
     /// msg per CPU-second over the baseline's.
     pub per_cpu: Option<f64>,
+}
+
+/// Medians of one spool scenario over its rounds.
+#[derive(Clone, Debug, Serialize)]
+pub struct SpoolRow {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// Its label.
+    pub label: String,
+    /// Rounds measured.
+    pub rounds: usize,
+    /// msg/s answered `queued` before the outage.
+    pub queued_msgs_per_sec: f64,
+    /// msg/s answered `buffered` during the outage.
+    pub buffered_msgs_per_sec: f64,
+    /// Median of per-round buffered ÷ queued.
+    pub ratio: f64,
+    /// Lowest per-round ratio.
+    pub ratio_min: f64,
+    /// Highest per-round ratio.
+    pub ratio_max: f64,
+    /// Request latency before the outage, p50 ms.
+    pub queued_p50_ms: f64,
+    /// ... p99 ms.
+    pub queued_p99_ms: f64,
+    /// Request latency during the outage, p50 ms.
+    pub buffered_p50_ms: f64,
+    /// ... p99 ms.
+    pub buffered_p99_ms: f64,
+    /// Cores used before the outage.
+    pub queued_cpu: CpuUse,
+    /// Cores used during the outage.
+    pub buffered_cpu: CpuUse,
+    /// Spool depth when PostgreSQL came back.
+    pub spool_records: f64,
+    /// Spool bytes per record.
+    pub spool_bytes_per_record: f64,
+    /// Seconds until the restarted PostgreSQL accepted connections.
+    pub restart_secs: f64,
+    /// Seconds from accepting to the first replayed batch.
+    pub replay_start_secs: f64,
+    /// Seconds from accepting to an empty spool.
+    pub drain_secs: f64,
+    /// Records per second from accepting to an empty spool.
+    pub drain_msgs_per_sec: f64,
+    /// Records per second once the replay was under way.
+    pub replay_msgs_per_sec: f64,
+    /// Cores used while draining.
+    pub drain_cpu: CpuUse,
+    /// WAL bytes per replayed record.
+    pub drain_wal_bytes_per_msg: f64,
+    /// Highest broker peak RSS before the replay started, MiB.
+    pub rss_before_replay_mib: f64,
+    /// Highest broker peak RSS over the whole run (replay included), MiB.
+    pub peak_rss_mib: f64,
+    /// Failed requests over all rounds.
+    pub errors: u64,
+    /// Items with a verdict other than the window's (queued before, buffered during).
+    pub unexpected_verdicts: u64,
+    /// Rounds whose stored items did not match the verdicts.
+    pub unverified: usize,
+    /// Acknowledged items checked in the database, all rounds.
+    pub items_checked: u64,
+}
+
+/// Medians of one consuming scenario over its rounds.
+#[derive(Clone, Debug, Serialize)]
+pub struct ConsumeRow {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// Its label.
+    pub label: String,
+    /// Rounds measured.
+    pub rounds: usize,
+    /// Concurrent consumers.
+    pub consumers: usize,
+    /// Median msg/s consumed (popped and acked) in the window.
+    pub consumed_msgs_per_sec: f64,
+    /// Lowest round.
+    pub consumed_min: f64,
+    /// Highest round.
+    pub consumed_max: f64,
+    /// msg/s pushed (end-to-end: in the window; pop+ack: while filling).
+    pub produced_msgs_per_sec: f64,
+    /// msg/s the paced producers offered.
+    pub offered_msgs_per_sec: f64,
+    /// Against push-only (batch 100, same partitions and dedup) of the same round.
+    pub vs_push_only: Option<Versus>,
+    /// Push-only msg/s (median).
+    pub push_only_msgs_per_sec: f64,
+    /// Messages per pop that returned messages.
+    pub msgs_per_pop: f64,
+    /// Pop latency p50 ms.
+    pub pop_p50_ms: f64,
+    /// Pop latency p99 ms.
+    pub pop_p99_ms: f64,
+    /// Ack batch latency p50 ms.
+    pub ack_p50_ms: f64,
+    /// Ack batch latency p99 ms.
+    pub ack_p99_ms: f64,
+    /// Pop + ack p50 ms.
+    pub cycle_p50_ms: f64,
+    /// Pop + ack p99 ms.
+    pub cycle_p99_ms: f64,
+    /// Push latency p50 ms (end-to-end).
+    pub push_p50_ms: f64,
+    /// Push latency p99 ms (end-to-end).
+    pub push_p99_ms: f64,
+    /// Push answered → popped, p50 ms (end-to-end).
+    pub end_to_end_p50_ms: f64,
+    /// ... p99 ms.
+    pub end_to_end_p99_ms: f64,
+    /// ... max ms.
+    pub end_to_end_max_ms: f64,
+    /// Pushed but not consumed when the window closed (end-to-end).
+    pub backlog_at_end: f64,
+    /// Seconds to drain after the producers stopped (end-to-end).
+    pub drain_secs: f64,
+    /// Cores used in the window.
+    pub cpu: CpuUse,
+    /// CPU (broker + PostgreSQL + load generator) per consumed message, µs.
+    pub cpu_us_per_msg: f64,
+    /// WAL bytes per consumed message.
+    pub wal_bytes_per_msg: f64,
+    /// Highest broker peak RSS, MiB.
+    pub peak_rss_mib: f64,
+    /// Failed requests over all rounds.
+    pub errors: u64,
+    /// Messages consumed more than once, all rounds.
+    pub duplicates: u64,
+    /// Messages acknowledged `queued` never consumed (end-to-end, after the drain).
+    pub lost: u64,
+    /// Rounds whose check failed.
+    pub unverified: usize,
+    /// Messages consumed, all rounds.
+    pub consumed_total: u64,
+}
+
+fn cpu_median(all: impl Iterator<Item = CpuUse>) -> CpuUse {
+    let v: Vec<CpuUse> = all.collect();
+    let pick = |f: fn(&CpuUse) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
+    CpuUse {
+        broker: pick(|c| c.broker),
+        postgres: pick(|c| c.postgres),
+        load: pick(|c| c.load),
+        other: pick(|c| c.other),
+        cores: pick(|c| c.cores),
+    }
+}
+
+fn cores(c: &CpuUse) -> String {
+    format!(
+        "{:.2}/{:.2}/{:.2}/{:.2}",
+        c.broker, c.postgres, c.load, c.other
+    )
+}
+
+fn num(v: f64, digits: usize) -> String {
+    if v.is_finite() {
+        format!("{v:.digits$}")
+    } else {
+        "-".into()
+    }
+}
+
+/// The spool table, as Markdown.
+pub fn spool_table(rows: &[SpoolRow]) -> String {
+    let mut out = String::new();
+    out.push_str("| scenario | queued msg/s (PG up) | buffered msg/s (PG down) | buffered ÷ queued (min–max) | p50/p99 ms up | p50/p99 ms down | CPU cores up b/pg/load/other | CPU cores down b/pg/load/other | spool records | spool B/record | restart s | replay start s | drain s | drain records/s (replay rate) | drain CPU b/pg | WAL B/record | broker RSS MB before replay/peak | check |\n");
+    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    for r in rows {
+        let check = if r.unverified == 0 && r.errors == 0 && r.unexpected_verdicts == 0 {
+            format!("{} items exactly once", kilo(r.items_checked as f64))
+        } else {
+            format!(
+                "⚠ {} unverified rounds, {} errors, {} unexpected verdicts",
+                r.unverified, r.errors, r.unexpected_verdicts
+            )
+        };
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | {} | **{:.2}** ({:.2}–{:.2}) | {}/{} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {:.2}/{:.2} | {} | {}/{} | {} |",
+            r.label,
+            kilo(r.queued_msgs_per_sec),
+            kilo(r.buffered_msgs_per_sec),
+            r.ratio,
+            r.ratio_min,
+            r.ratio_max,
+            num(r.queued_p50_ms, 1),
+            num(r.queued_p99_ms, 1),
+            num(r.buffered_p50_ms, 1),
+            num(r.buffered_p99_ms, 1),
+            cores(&r.queued_cpu),
+            cores(&r.buffered_cpu),
+            kilo(r.spool_records),
+            num(r.spool_bytes_per_record, 0),
+            num(r.restart_secs, 2),
+            num(r.replay_start_secs, 2),
+            num(r.drain_secs, 2),
+            kilo(r.drain_msgs_per_sec),
+            kilo(r.replay_msgs_per_sec),
+            r.drain_cpu.broker,
+            r.drain_cpu.postgres,
+            num(r.drain_wal_bytes_per_msg, 0),
+            num(r.rss_before_replay_mib * 1.048_576, 0),
+            num(r.peak_rss_mib * 1.048_576, 0),
+            check
+        );
+    }
+    out
+}
+
+/// The consuming table, as Markdown.
+pub fn consume_table(rows: &[ConsumeRow]) -> String {
+    let mut out = String::new();
+    out.push_str("| scenario | consumed msg/s (median) | min–max | pushed msg/s | vs push-only (per CPU) | msg/pop | pop p50/p99 ms | ack p50/p99 ms | pop+ack p50/p99 ms | end-to-end p50/p99/max ms | backlog at end | drain s | CPU cores b/pg/load/other | CPU µs/msg | WAL B/msg | broker RSS MB | check |\n");
+    out.push_str(
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+    );
+    for r in rows {
+        let check = if r.unverified == 0 && r.errors == 0 {
+            format!(
+                "{} consumed, 0 duplicates{}",
+                kilo(r.consumed_total as f64),
+                if matches!(r.scenario.kind, Kind::EndToEnd { .. }) {
+                    ", 0 lost"
+                } else {
+                    ""
+                }
+            )
+        } else {
+            format!(
+                "⚠ {} unverified rounds, {} errors, {} duplicates, {} lost",
+                r.unverified, r.errors, r.duplicates, r.lost
+            )
+        };
+        let e2e = if r.end_to_end_p50_ms.is_finite() {
+            format!(
+                "{:.1}/{:.1}/{:.0}",
+                r.end_to_end_p50_ms, r.end_to_end_p99_ms, r.end_to_end_max_ms
+            )
+        } else {
+            "-".into()
+        };
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | {}–{} | {} | {} | {} | {}/{} | {}/{} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.label,
+            kilo(r.consumed_msgs_per_sec),
+            kilo(r.consumed_min),
+            kilo(r.consumed_max),
+            if r.offered_msgs_per_sec.is_finite() {
+                format!(
+                    "{} (offered {})",
+                    kilo(r.produced_msgs_per_sec),
+                    kilo(r.offered_msgs_per_sec)
+                )
+            } else {
+                kilo(r.produced_msgs_per_sec)
+            },
+            vs(r.vs_push_only),
+            num(r.msgs_per_pop, 1),
+            num(r.pop_p50_ms, 1),
+            num(r.pop_p99_ms, 1),
+            num(r.ack_p50_ms, 1),
+            num(r.ack_p99_ms, 1),
+            num(r.cycle_p50_ms, 1),
+            num(r.cycle_p99_ms, 1),
+            e2e,
+            if matches!(r.scenario.kind, Kind::EndToEnd { .. }) {
+                kilo(r.backlog_at_end)
+            } else {
+                "-".into()
+            },
+            num(r.drain_secs, 2),
+            cores(&r.cpu),
+            num(r.cpu_us_per_msg, 0),
+            num(r.wal_bytes_per_msg, 0),
+            num(r.peak_rss_mib * 1.048_576, 1),
+            check
+        );
+    }
+    out
 }
 
 /// Everything measured, by scenario and round.
@@ -152,7 +437,9 @@ impl Results {
                 self.versus(s, base(Kind::Naive, true)),
                 self.versus(s, base(Kind::Naive, false)),
             ),
-            Kind::Naive => (None, None, None, None),
+            Kind::Naive | Kind::Spool { .. } | Kind::PopAck { .. } | Kind::EndToEnd { .. } => {
+                (None, None, None, None)
+            }
         };
         Row {
             scenario: s,
@@ -182,6 +469,157 @@ impl Results {
             not_queued: ms.iter().map(|m| m.not_queued).sum(),
             unverified: ms.iter().filter(|m| !m.verified).count(),
         }
+    }
+
+    fn spool_of(&self, s: Scenario) -> Vec<(&Measurement, &SpoolDetail)> {
+        self.of(s)
+            .into_iter()
+            .filter_map(|m| match &m.detail {
+                Some(Detail::Spool(d)) => Some((m, d)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn consume_of(&self, s: Scenario) -> Vec<(&Measurement, &ConsumeDetail)> {
+        self.of(s)
+            .into_iter()
+            .filter_map(|m| match &m.detail {
+                Some(Detail::Consume(d)) => Some((m, d)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn scenarios_where(&self, f: fn(&Kind) -> bool) -> Vec<Scenario> {
+        let mut seen = Vec::new();
+        for m in &self.all {
+            if f(&m.scenario.kind) && !seen.contains(&m.scenario) {
+                seen.push(m.scenario);
+            }
+        }
+        seen
+    }
+
+    /// One row per spool scenario: medians over rounds.
+    pub fn spool_rows(&self) -> Vec<SpoolRow> {
+        self.scenarios_where(|k| matches!(k, Kind::Spool { .. }))
+            .into_iter()
+            .map(|s| {
+                let ms = self.spool_of(s);
+                let pick = |f: &dyn Fn(&Measurement, &SpoolDetail) -> f64| {
+                    median(&ms.iter().map(|(m, d)| f(m, d)).collect::<Vec<_>>())
+                };
+                let ratios: Vec<f64> = ms.iter().map(|(_, d)| d.ratio).collect();
+                SpoolRow {
+                    scenario: s,
+                    label: s.label(),
+                    rounds: ms.len(),
+                    queued_msgs_per_sec: pick(&|_, d| d.queued_msgs_per_sec),
+                    buffered_msgs_per_sec: pick(&|_, d| d.buffered_msgs_per_sec),
+                    ratio: median(&ratios),
+                    ratio_min: ratios.iter().copied().fold(f64::INFINITY, f64::min),
+                    ratio_max: ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                    queued_p50_ms: pick(&|_, d| d.queued_p50_ms),
+                    queued_p99_ms: pick(&|_, d| d.queued_p99_ms),
+                    buffered_p50_ms: pick(&|m, _| m.p50_ms),
+                    buffered_p99_ms: pick(&|m, _| m.p99_ms),
+                    queued_cpu: cpu_median(ms.iter().map(|(_, d)| d.queued_cpu)),
+                    buffered_cpu: cpu_median(ms.iter().map(|(m, _)| m.cpu)),
+                    spool_records: pick(&|_, d| d.spool_records as f64),
+                    spool_bytes_per_record: pick(&|_, d| {
+                        d.spool_bytes as f64 / d.spool_records.max(1) as f64
+                    }),
+                    restart_secs: pick(&|_, d| d.restart_secs),
+                    replay_start_secs: pick(&|_, d| d.replay_start_secs),
+                    drain_secs: pick(&|_, d| d.drain_secs),
+                    drain_msgs_per_sec: pick(&|_, d| d.drain_msgs_per_sec),
+                    replay_msgs_per_sec: pick(&|_, d| d.replay_msgs_per_sec),
+                    drain_cpu: cpu_median(ms.iter().map(|(_, d)| d.drain_cpu)),
+                    drain_wal_bytes_per_msg: pick(&|_, d| d.drain_wal_bytes_per_msg),
+                    rss_before_replay_mib: ms
+                        .iter()
+                        .filter_map(|(_, d)| d.peak_rss_before_replay_mib)
+                        .fold(f64::NAN, f64::max),
+                    peak_rss_mib: ms
+                        .iter()
+                        .filter_map(|(m, _)| m.peak_rss_mib)
+                        .fold(f64::NAN, f64::max),
+                    errors: ms.iter().map(|(m, _)| m.errors).sum(),
+                    unexpected_verdicts: ms.iter().map(|(m, _)| m.not_queued).sum(),
+                    unverified: ms.iter().filter(|(m, _)| !m.verified).count(),
+                    items_checked: ms.iter().map(|(_, d)| d.check.acknowledged).sum(),
+                }
+            })
+            .collect()
+    }
+
+    /// One row per consuming scenario: medians over rounds, and the ratio to push-only.
+    pub fn consume_rows(&self) -> Vec<ConsumeRow> {
+        self.scenarios_where(|k| matches!(k, Kind::PopAck { .. } | Kind::EndToEnd { .. }))
+            .into_iter()
+            .map(|s| {
+                let ms = self.consume_of(s);
+                let pick = |f: &dyn Fn(&Measurement, &ConsumeDetail) -> f64| {
+                    median(&ms.iter().map(|(m, d)| f(m, d)).collect::<Vec<_>>())
+                };
+                let rates: Vec<f64> = ms.iter().map(|(m, _)| m.msgs_per_sec).collect();
+                let push_only = Scenario {
+                    kind: Kind::Broker { batch: 100 },
+                    ..s
+                };
+                let e2e = |i: usize| {
+                    pick(&move |_, d| d.end_to_end_ms.map_or(f64::NAN, |t| [t.0, t.1, t.2][i]))
+                };
+                let push =
+                    |i: usize| pick(&move |_, d| d.push_ms.map_or(f64::NAN, |t| [t.0, t.1][i]));
+                ConsumeRow {
+                    scenario: s,
+                    label: s.label(),
+                    rounds: ms.len(),
+                    consumers: ms.first().map_or(0, |(_, d)| d.consumers),
+                    consumed_msgs_per_sec: median(&rates),
+                    consumed_min: rates.iter().copied().fold(f64::INFINITY, f64::min),
+                    consumed_max: rates.iter().copied().fold(0.0, f64::max),
+                    produced_msgs_per_sec: pick(&|_, d| d.produced_msgs_per_sec),
+                    offered_msgs_per_sec: pick(&|_, d| d.offered_msgs_per_sec.unwrap_or(f64::NAN)),
+                    vs_push_only: self.versus(s, push_only),
+                    push_only_msgs_per_sec: median(
+                        &self
+                            .of(push_only)
+                            .iter()
+                            .map(|m| m.msgs_per_sec)
+                            .collect::<Vec<_>>(),
+                    ),
+                    msgs_per_pop: pick(&|_, d| d.msgs_per_pop),
+                    pop_p50_ms: pick(&|_, d| d.pop_ms.0),
+                    pop_p99_ms: pick(&|_, d| d.pop_ms.1),
+                    ack_p50_ms: pick(&|_, d| d.ack_ms.0),
+                    ack_p99_ms: pick(&|_, d| d.ack_ms.1),
+                    cycle_p50_ms: pick(&|_, d| d.cycle_ms.0),
+                    cycle_p99_ms: pick(&|_, d| d.cycle_ms.1),
+                    push_p50_ms: push(0),
+                    push_p99_ms: push(1),
+                    end_to_end_p50_ms: e2e(0),
+                    end_to_end_p99_ms: e2e(1),
+                    end_to_end_max_ms: e2e(2),
+                    backlog_at_end: pick(&|_, d| d.backlog_at_end as f64),
+                    drain_secs: pick(&|_, d| d.drain_secs),
+                    cpu: cpu_median(ms.iter().map(|(m, _)| m.cpu)),
+                    cpu_us_per_msg: pick(&|m, _| m.cpu.ours() / m.msgs_per_sec * 1e6),
+                    wal_bytes_per_msg: pick(&|m, _| m.wal_bytes_per_msg),
+                    peak_rss_mib: ms
+                        .iter()
+                        .filter_map(|(m, _)| m.peak_rss_mib)
+                        .fold(f64::NAN, f64::max),
+                    errors: ms.iter().map(|(m, _)| m.errors).sum(),
+                    duplicates: ms.iter().map(|(_, d)| d.check.duplicates).sum(),
+                    lost: ms.iter().map(|(_, d)| d.check.lost).sum(),
+                    unverified: ms.iter().filter(|(m, _)| !m.verified).count(),
+                    consumed_total: ms.iter().map(|(_, d)| d.consumed_total).sum(),
+                }
+            })
+            .collect()
     }
 
     /// The targets, evaluated at `partitions` (100 when measured).
@@ -243,6 +681,114 @@ impl Results {
                 note,
             });
         }
+        for batch in [100, 1] {
+            let sp = self.spool_of(Scenario {
+                kind: Kind::Spool { batch },
+                partitions,
+                dedup: true,
+            });
+            if sp.is_empty() {
+                continue;
+            }
+            let ratios: Vec<f64> = sp.iter().map(|(_, d)| d.ratio).collect();
+            let r = median(&ratios);
+            let drain = median(
+                &sp.iter()
+                    .map(|(_, d)| d.drain_msgs_per_sec)
+                    .collect::<Vec<_>>(),
+            );
+            out.push(Target {
+                name: format!(
+                    "spool: buffered vs queued msg/s, batch {batch}, {partitions} partitions (same broker)"
+                ),
+                value: r,
+                goal: "≥ 0.50×".into(),
+                met: r >= 0.50,
+                note: format!(
+                    "per round {}; drain after restart {} records/s",
+                    ratios
+                        .iter()
+                        .map(|x| format!("{x:.2}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    kilo(drain)
+                ),
+            });
+        }
+        let e2e = Scenario {
+            kind: Kind::EndToEnd {
+                batch: 100,
+                pace_pct: 0,
+            },
+            partitions,
+            dedup: true,
+        };
+        if let Some(r) = self.ratio(e2e, broker(100, true)) {
+            let lat = self.consume_of(e2e);
+            let p = |f: fn(&ConsumeDetail) -> Option<(f64, f64, f64)>, i: usize| {
+                median(
+                    &lat.iter()
+                        .filter_map(|(_, d)| f(d))
+                        .map(|t| [t.0, t.1, t.2][i])
+                        .collect::<Vec<_>>(),
+                )
+            };
+            out.push(Target {
+                name: format!(
+                    "end-to-end consumed msg/s vs push-only, batch 100, {partitions} partitions"
+                ),
+                value: r,
+                goal: "≥ 0.50×".into(),
+                met: r >= 0.50,
+                note: format!(
+                    "end-to-end latency p50 {:.1} ms, p99 {:.1} ms",
+                    p(|d| d.end_to_end_ms, 0),
+                    p(|d| d.end_to_end_ms, 1)
+                ),
+            });
+        }
+        let paced = self.consume_of(Scenario {
+            kind: Kind::EndToEnd {
+                batch: 100,
+                pace_pct: 50,
+            },
+            partitions,
+            dedup: true,
+        });
+        if !paced.is_empty() {
+            let kept: Vec<f64> = paced
+                .iter()
+                .map(|(m, d)| m.msgs_per_sec / d.offered_msgs_per_sec.unwrap_or(f64::NAN))
+                .collect();
+            let backlog_secs: Vec<f64> = paced
+                .iter()
+                .map(|(_, d)| d.backlog_at_end as f64 / d.offered_msgs_per_sec.unwrap_or(f64::NAN))
+                .collect();
+            let r = median(&kept);
+            let b = median(&backlog_secs);
+            let p = |i: usize| {
+                median(
+                    &paced
+                        .iter()
+                        .filter_map(|(_, d)| d.end_to_end_ms)
+                        .map(|t| [t.0, t.1][i])
+                        .collect::<Vec<_>>(),
+                )
+            };
+            out.push(Target {
+                name: format!(
+                    "end-to-end with producers offering 50% of push-only, {partitions} partitions: consumed ÷ offered"
+                ),
+                value: r,
+                goal: "≥ 0.95×, backlog < 1 s".into(),
+                met: r >= 0.95 && b < 1.0,
+                note: format!(
+                    "backlog at the window's end {b:.2} s of offered traffic; end-to-end latency p50 {:.1} ms, p99 {:.1} ms",
+                    p(0),
+                    p(1)
+                ),
+            });
+        }
         let b1 = self.of(broker(1, true));
         if !b1.is_empty() {
             let p99 = median(&b1.iter().map(|m| m.p99_ms).collect::<Vec<_>>());
@@ -257,6 +803,7 @@ impl Results {
         let rss = self
             .all
             .iter()
+            .filter(|m| matches!(m.scenario.kind, Kind::Broker { .. }))
             .filter_map(|m| m.peak_rss_mib.map(|r| (r, m.scenario)))
             .fold(None, |acc: Option<(f64, Scenario)>, (r, s)| match acc {
                 Some((best, _)) if best >= r => acc,
@@ -264,7 +811,7 @@ impl Results {
             });
         if let Some((mib, s)) = rss {
             out.push(Target {
-                name: "broker peak RSS (highest of all broker runs)".into(),
+                name: "broker peak RSS (highest of all push runs)".into(),
                 value: mib * 1.048_576,
                 goal: "≤ 50 MB".into(),
                 met: mib * 1.048_576 <= 50.0,
@@ -272,6 +819,7 @@ impl Results {
                     let small = self
                         .all
                         .iter()
+                        .filter(|m| matches!(m.scenario.kind, Kind::Broker { .. }))
                         .filter(|m| m.scenario.partitions <= 100)
                         .filter_map(|m| m.peak_rss_mib)
                         .fold(f64::NAN, f64::max);
@@ -349,7 +897,7 @@ pub fn table(rows: &[Row]) -> String {
         }
         let _ = writeln!(
             out,
-            "| `{}`{} | {} | {}–{} | {:.1} | {:.1} | {} | {} | {:.2}/{:.2}/{:.2}/{:.2} | {:.0} | {:.0} | {} | {} | {} | {} |",
+            "| `{}`{} | {} | {}–{} | {:.1} | {:.1} | {} | {} | {:.2}/{:.2}/{:.2}/{:.2} | {} | {} | {} | {} | {} | {} |",
             r.label,
             flags,
             kilo(r.msgs_per_sec),
@@ -363,8 +911,8 @@ pub fn table(rows: &[Row]) -> String {
             r.cpu.postgres,
             r.cpu.load,
             r.cpu.other,
-            r.cpu_us_per_msg,
-            r.wal_bytes_per_msg,
+            num(r.cpu_us_per_msg, 0),
+            num(r.wal_bytes_per_msg, 0),
             vs(r.vs_segments),
             vs(r.vs_segment_txn),
             vs(r.vs_naive),
@@ -561,4 +1109,53 @@ fn nice_step(raw: f64) -> f64 {
         }
     }
     10.0 * mag
+}
+
+/// One line about a measurement's scenario-specific results (for the progress output).
+pub fn detail_line(m: &Measurement) -> Option<String> {
+    match &m.detail {
+        Some(Detail::Spool(d)) => Some(format!(
+            "queued {} msg/s (p99 {} ms) → buffered {} msg/s: {:.2}×; spool {} records, PostgreSQL back after {:.1} s, drained in {:.1} s: {} records/s (replay {} /s after {:.1} s); {} acknowledged items stored exactly once: {}",
+            kilo(d.queued_msgs_per_sec),
+            num(d.queued_p99_ms, 1),
+            kilo(d.buffered_msgs_per_sec),
+            d.ratio,
+            d.spool_records,
+            d.restart_secs,
+            d.drain_secs,
+            kilo(d.drain_msgs_per_sec),
+            kilo(d.replay_msgs_per_sec),
+            d.replay_start_secs,
+            d.check.acknowledged,
+            d.check.ok()
+        )),
+        Some(Detail::Consume(d)) => Some(format!(
+            "consumed {} msg/s, pushed {} msg/s, {:.1} msg/pop, pop p50/p99 {}/{} ms, ack {}/{} ms{}{}; consumed {} (committed offsets {}), duplicates {}, {}",
+            kilo(d.consumed_msgs_per_sec),
+            kilo(d.produced_msgs_per_sec),
+            d.msgs_per_pop,
+            num(d.pop_ms.0, 1),
+            num(d.pop_ms.1, 1),
+            num(d.ack_ms.0, 1),
+            num(d.ack_ms.1, 1),
+            d.end_to_end_ms.map_or(String::new(), |t| format!(
+                ", end-to-end p50/p99/max {:.1}/{:.1}/{:.0} ms",
+                t.0, t.1, t.2
+            )),
+            if d.drain_secs.is_finite() {
+                format!(", backlog {} drained in {:.1} s", d.backlog_at_end, d.drain_secs)
+            } else {
+                String::new()
+            },
+            d.consumed_total,
+            d.committed_offsets,
+            d.check.duplicates,
+            if d.prefilled > 0 {
+                format!("{} left in the queue", d.check.lost)
+            } else {
+                format!("lost {}", d.check.lost)
+            }
+        )),
+        None => None,
+    }
 }

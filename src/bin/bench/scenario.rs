@@ -33,6 +33,25 @@ pub enum Kind {
         /// Items per request.
         batch: usize,
     },
+    /// The broker with PostgreSQL taken away: pushes answered `buffered` (spool) against
+    /// `queued` with the same broker just before, then the replay's drain rate.
+    Spool {
+        /// Items per request.
+        batch: usize,
+    },
+    /// Consumers only, on a pre-filled queue: pop `batch` (no long-poll) + ack batch.
+    PopAck {
+        /// Messages per pop.
+        batch: usize,
+    },
+    /// Producers (push `batch`) and consumers (long-poll pop `batch` + ack batch) together.
+    EndToEnd {
+        /// Items per push and messages per pop.
+        batch: usize,
+        /// 0: producers push as fast as they are answered; else they offer this percentage of
+        /// the same round's push-only rate (batch `batch`), on a fixed schedule.
+        pace_pct: u32,
+    },
 }
 
 /// A workload: what, on how many partitions, dedup on or off.
@@ -53,6 +72,16 @@ impl Scenario {
         let p = self.partitions;
         match self.kind {
             Kind::Broker { batch } => format!("broker, batch {batch}, P={p}, dedup {d}"),
+            Kind::Spool { batch } => {
+                format!("spool: PostgreSQL down, batch {batch}, P={p}, dedup {d}")
+            }
+            Kind::PopAck { batch } => format!("pop+ack, batch {batch}, P={p}, dedup {d}"),
+            Kind::EndToEnd { batch, pace_pct: 0 } => {
+                format!("end-to-end push+pop+ack, batch {batch}, P={p}, dedup {d}")
+            }
+            Kind::EndToEnd { batch, pace_pct } => format!(
+                "end-to-end, producers paced at {pace_pct}% of push-only, batch {batch}, P={p}, dedup {d}"
+            ),
             Kind::SegmentRows => format!("(1) segment rows by SQL, P={p}, dedup {d}"),
             Kind::SegmentTxn => format!("(1+) broker's txn by SQL, P={p}, dedup {d}"),
             Kind::Naive if self.dedup => format!("(2) naive + unique index, P={p}"),
@@ -83,6 +112,10 @@ pub struct Params {
     pub verbose: bool,
     /// Collect a profile (pg_stat_statements, backend states, broker commits).
     pub profile: bool,
+    /// Concurrent consumers of the consuming scenarios.
+    pub consumers: usize,
+    /// Messages pushed before the pop+ack window.
+    pub prefill: u64,
 }
 
 /// The result of one measurement.
@@ -118,6 +151,18 @@ pub struct Measurement {
     pub verified: bool,
     /// Where the time went (with `--profile`).
     pub profile: Option<Profile>,
+    /// What the spool and consuming scenarios measure beyond the common fields.
+    pub detail: Option<Detail>,
+}
+
+/// Scenario-specific results.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Detail {
+    /// [`Kind::Spool`].
+    Spool(crate::spool::SpoolDetail),
+    /// [`Kind::PopAck`] and [`Kind::EndToEnd`].
+    Consume(crate::consume::ConsumeDetail),
 }
 
 struct Observed {
@@ -224,10 +269,11 @@ fn measurement(
         problems,
         verified: false,
         profile: o.profile.clone(),
+        detail: None,
     }
 }
 
-fn trace(params: &Params, what: &str, since: Instant) {
+pub fn trace(params: &Params, what: &str, since: Instant) {
     if params.verbose {
         eprintln!(
             "      {what}: {:.0} ms",
@@ -246,12 +292,13 @@ pub async fn run(
     params: &Params,
     scenario: Scenario,
     round: usize,
+    push_only: Option<f64>,
 ) -> Result<Measurement, BoxError> {
     let t = Instant::now();
     let name = server.create_database().await?;
     trace(params, "create database", t);
     let url = server.url(&name);
-    let result = run_in(server, params, scenario, round, &url, &name).await;
+    let result = run_in(server, params, scenario, round, &url, &name, push_only).await;
     let t = Instant::now();
     server.drop_database(&name).await?;
     trace(params, "drop database", t);
@@ -265,8 +312,42 @@ async fn run_in(
     round: usize,
     url: &str,
     name: &str,
+    push_only: Option<f64>,
 ) -> Result<Measurement, BoxError> {
     let profiled = params.profile.then_some(name);
+    match scenario.kind {
+        Kind::Spool { batch } => {
+            return crate::spool::run(server, params, scenario, round, url, batch).await
+        }
+        Kind::PopAck { batch } => {
+            let run = crate::consume::Run {
+                scenario,
+                round,
+                url,
+                profiled,
+            };
+            return crate::consume::pop_ack(server, params, run, batch).await;
+        }
+        Kind::EndToEnd { batch, pace_pct } => {
+            let run = crate::consume::Run {
+                scenario,
+                round,
+                url,
+                profiled,
+            };
+            let pace = match (pace_pct, push_only) {
+                (0, _) => None,
+                (pct, Some(rate)) => Some(rate * f64::from(pct) / 100.0),
+                (_, None) => {
+                    return Err(
+                        "a paced end-to-end run needs the same round's push-only rate".into(),
+                    )
+                }
+            };
+            return crate::consume::end_to_end(server, params, run, batch, pace).await;
+        }
+        _ => {}
+    }
     let mut conn = PgConnection::connect(url).await?;
     let tag = crate::data::fresh_seed();
     let m = match scenario.kind {
@@ -415,7 +496,82 @@ async fn run_in(
             m.verified = stored as u64 == o.stats.total_msgs;
             m
         }
+        Kind::Spool { .. } | Kind::PopAck { .. } | Kind::EndToEnd { .. } => {
+            unreachable!("handled above")
+        }
     };
     conn.close().await?;
     Ok(m)
+}
+
+/// CPU counters (and, when PostgreSQL is up, the WAL position) at one instant.
+pub struct Counters {
+    /// CPU ticks by party.
+    pub cpu: crate::measure::CpuSnapshot,
+    /// When read.
+    pub at: Instant,
+    /// WAL position and server clock; `None` while PostgreSQL is away.
+    pub mark: Option<db::Mark>,
+}
+
+impl Counters {
+    /// Reads the counters now; the WAL position only with `wal`.
+    ///
+    /// # Errors
+    ///
+    /// Any database error.
+    pub async fn read(
+        server: &mut Server,
+        targets: &CpuTargets,
+        wal: bool,
+    ) -> Result<Self, BoxError> {
+        let cpu = targets.snapshot();
+        let at = Instant::now();
+        let mark = if wal {
+            Some(server.mark().await?)
+        } else {
+            None
+        };
+        Ok(Self { cpu, at, mark })
+    }
+
+    /// Cores used by party from `self` to `later`.
+    pub fn cpu_until(&self, later: &Counters, ticks_per_sec: f64) -> CpuUse {
+        let secs = (later.at - self.at).as_secs_f64();
+        CpuUse::between(&self.cpu, &later.cpu, secs, ticks_per_sec)
+    }
+
+    /// WAL bytes written from `self` to `later` (NaN without both marks).
+    ///
+    /// # Errors
+    ///
+    /// Any database error.
+    pub async fn wal_until(&self, later: &Counters, server: &mut Server) -> Result<f64, BoxError> {
+        match (&self.mark, &later.mark) {
+            (Some(a), Some(b)) => server.wal_bytes(a, b).await,
+            _ => Ok(f64::NAN),
+        }
+    }
+}
+
+/// A [`Measurement`] with the common fields set and nothing else.
+pub fn blank(scenario: Scenario, round: usize) -> Measurement {
+    Measurement {
+        scenario,
+        round,
+        msgs_per_sec: 0.0,
+        ops_per_sec: 0.0,
+        p50_ms: f64::NAN,
+        p99_ms: f64::NAN,
+        msgs_per_segment: None,
+        peak_rss_mib: None,
+        cpu: CpuUse::default(),
+        wal_bytes_per_msg: f64::NAN,
+        errors: 0,
+        not_queued: 0,
+        problems: Vec::new(),
+        verified: false,
+        profile: None,
+        detail: None,
+    }
 }

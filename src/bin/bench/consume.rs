@@ -1,0 +1,556 @@
+//! The consuming scenarios (docs/benchmarks.md, "Consuming"):
+//!
+//! - [`pop_ack`]: the queue is filled first (push, batch 100), then K consumers loop
+//!   `GET /api/v1/pop/queue/bench?batch=100&wait=false` + `POST /api/v1/ack/batch` (every
+//!   message, status completed, with its lease) for the window: consumed msg/s.
+//! - [`end_to_end`]: N producers (push, batch 100) and K consumers (the same loop with
+//!   `wait=true&timeout=1000`) run together for the window: msg/s consumed, and the latency
+//!   from the push being answered `queued` to the message's pop being answered. Then the
+//!   producers stop and the consumers drain the queue. The paced variants offer a share (50 %,
+//!   25 %) of the same round's push-only rate instead of pushing as fast as answered: whether
+//!   the consumers keep up with that, and the latency when they do.
+//!
+//! Both check every message: consumed at most once (exactly once after the drain, for
+//! end-to-end), nothing consumed that was not acknowledged, and the committed offsets in
+//! PostgreSQL add up to what the consumers received.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use sqlx::{Connection, PgConnection};
+
+use crate::broker::BrokerProcess;
+use crate::db::{self, Server};
+use crate::measure::{CpuTargets, Window};
+use crate::profile;
+use crate::scenario::{self, trace, Counters, Detail, Measurement, Params, Scenario};
+use crate::traffic::{self, ConsumerLog, ProducerLog};
+use crate::BoxError;
+
+/// How long the end-to-end consumers may take to drain what was pushed.
+const DRAIN_LIMIT: Duration = Duration::from_secs(60);
+
+/// What the consuming scenarios measured besides the common fields.
+#[derive(Clone, Debug, Serialize)]
+pub struct ConsumeDetail {
+    /// Concurrent consumers.
+    pub consumers: usize,
+    /// Messages acked per second in the window (the main figure).
+    pub consumed_msgs_per_sec: f64,
+    /// Messages answered `queued` per second in the window (end-to-end), or while filling
+    /// the queue (pop+ack).
+    pub produced_msgs_per_sec: f64,
+    /// msg/s the paced producers offered (end-to-end, paced).
+    pub offered_msgs_per_sec: Option<f64>,
+    /// Messages per pop that returned messages.
+    pub msgs_per_pop: f64,
+    /// Pop request latency, ms (p50, p99).
+    pub pop_ms: (f64, f64),
+    /// Ack batch request latency, ms (p50, p99).
+    pub ack_ms: (f64, f64),
+    /// Pop + ack, ms (p50, p99).
+    pub cycle_ms: (f64, f64),
+    /// Push request latency, ms (p50, p99), end-to-end only.
+    pub push_ms: Option<(f64, f64)>,
+    /// Push answered `queued` → pop answered, ms (p50, p99, max), end-to-end only.
+    pub end_to_end_ms: Option<(f64, f64, f64)>,
+    /// Messages whose pop was answered before their push's answer reached the producer
+    /// (counted as 0 ms).
+    pub popped_before_push_answer: u64,
+    /// Pops answered 204 inside the window.
+    pub empty_pops: u64,
+    /// Messages in the queue before the window (pop+ack).
+    pub prefilled: u64,
+    /// Pushed but not yet consumed when the window closed (end-to-end).
+    pub backlog_at_end: i64,
+    /// Seconds the consumers took to drain after the producers stopped (end-to-end).
+    pub drain_secs: f64,
+    /// Messages consumed over the whole run (priming included).
+    pub consumed_total: u64,
+    /// Sum of queue mode's committed offsets (PostgreSQL's view of the same).
+    pub committed_offsets: i64,
+    /// Leases still live at the end.
+    pub live_leases: i64,
+    /// Every consumed message checked against its push's verdict.
+    pub check: traffic::Check,
+}
+
+/// Starts a broker on a fresh queue and primes every partition; returns it and the primed count.
+async fn start(
+    params: &Params,
+    scenario: Scenario,
+    url: &str,
+) -> Result<(BrokerProcess, u64), BoxError> {
+    let mut conn = PgConnection::connect(url).await?;
+    db::setup_queue(&mut conn, scenario.partitions, scenario.dedup).await?;
+    conn.close().await?;
+    let t = Instant::now();
+    let broker = BrokerProcess::start(&params.broker_bin, url, &params.broker_env).await?;
+    trace(params, "broker start", t);
+    let primed = crate::load::prime(broker.port, scenario.partitions, params.connections).await?;
+    Ok((broker, primed))
+}
+
+/// Window figures of the consumers: (msgs acked in the window, cycles, pop, ack and cycle
+/// latencies p50/p99, empty pops in the window).
+struct ConsumerFigures {
+    msgs: u64,
+    cycles: u64,
+    pop_ms: (f64, f64),
+    ack_ms: (f64, f64),
+    cycle_ms: (f64, f64),
+    empty: u64,
+}
+
+fn consumer_figures(logs: &[ConsumerLog], w: &Window) -> ConsumerFigures {
+    let (mut msgs, mut cycles, mut empty) = (0, 0, 0);
+    let (mut pop, mut ack, mut cycle) = (Vec::new(), Vec::new(), Vec::new());
+    for l in logs {
+        for c in l.cycles.iter().filter(|c| w.contains(c.acked)) {
+            msgs += u64::from(c.msgs);
+            cycles += 1;
+            pop.push(c.popped - c.started);
+            ack.push(c.acked - c.popped);
+            cycle.push(c.acked - c.started);
+        }
+        empty += l.empty.iter().filter(|&&t| w.contains(t)).count() as u64;
+    }
+    let p = |v: &mut Vec<Duration>| {
+        (
+            traffic::percentile_ms(v, 50.0),
+            traffic::percentile_ms(v, 99.0),
+        )
+    };
+    ConsumerFigures {
+        msgs,
+        cycles,
+        pop_ms: p(&mut pop),
+        ack_ms: p(&mut ack),
+        cycle_ms: p(&mut cycle),
+        empty,
+    }
+}
+
+/// Counts every consumed message against the producers' logs.
+fn consumed_counts(producers: &[ProducerLog], consumers: &[ConsumerLog]) -> traffic::Counts {
+    let mut counts = traffic::Counts::new(producers);
+    for l in consumers {
+        for &(c, seq, _) in &l.consumed {
+            counts.add(usize::from(c), seq);
+        }
+    }
+    counts
+}
+
+fn queued(logs: &[ProducerLog]) -> u64 {
+    logs.iter()
+        .flat_map(|l| &l.requests)
+        .map(|r| u64::from(r.queued))
+        .sum()
+}
+
+fn first_error<'a>(
+    producers: &'a [ProducerLog],
+    consumers: &'a [ConsumerLog],
+) -> Option<&'a String> {
+    producers
+        .iter()
+        .filter_map(|l| l.first_error.as_ref())
+        .chain(consumers.iter().filter_map(|l| l.first_error.as_ref()))
+        .next()
+}
+
+/// Fills in what both scenarios share and checks the run. Without `drained` (pop+ack: the
+/// queue is not emptied) messages not consumed yet are not lost.
+async fn finish(
+    m: &mut Measurement,
+    url: &str,
+    producers: &[ProducerLog],
+    consumers: &[ConsumerLog],
+    primed: u64,
+    drained: bool,
+) -> Result<(traffic::Check, u64, i64, i64), BoxError> {
+    let counts = consumed_counts(producers, consumers);
+    let check = traffic::check(producers, &counts, true);
+    let other: u64 = consumers.iter().map(|l| l.other).sum();
+    let consumed_total: u64 = consumers
+        .iter()
+        .map(|l| l.consumed.len() as u64)
+        .sum::<u64>()
+        + other;
+    let mut conn = PgConnection::connect(url).await?;
+    let (committed, live) = db::consumed_offsets(&mut conn).await?;
+    conn.close().await?;
+    m.errors = producers.iter().map(|l| l.errors).sum::<u64>()
+        + consumers.iter().map(|l| l.errors).sum::<u64>();
+    if let Some(e) = first_error(producers, consumers) {
+        m.problems.push(format!("{} errors, first: {e}", m.errors));
+    }
+    let ack_failures: u64 = consumers.iter().map(|l| l.ack_failures).sum();
+    if ack_failures > 0 {
+        m.problems
+            .push(format!("{ack_failures} acks not successful"));
+    }
+    let not_queued: u64 = producers
+        .iter()
+        .flat_map(|l| &l.requests)
+        .map(|r| u64::from(r.buffered + r.other))
+        .sum();
+    m.not_queued = not_queued;
+    let lost = if drained { check.lost } else { 0 };
+    m.verified = lost == 0
+        && check.duplicates == 0
+        && check.unexpected == 0
+        && committed as u64 == consumed_total
+        && live == 0
+        && (!drained || other == primed);
+    if !m.verified {
+        m.problems.push(format!(
+            "consumed {consumed_total} ({other} primed of {primed}): {} duplicates, {} unexpected, {} lost{}; committed offsets add up to {committed}; {live} leases live",
+            check.duplicates,
+            check.unexpected,
+            lost,
+            if drained { "" } else { " (not drained)" }
+        ));
+    }
+    Ok((check, consumed_total, committed, live))
+}
+
+/// Which measurement this is.
+pub struct Run<'a> {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// The round (0-based).
+    pub round: usize,
+    /// Its database's URL.
+    pub url: &'a str,
+    /// Its database's name, when a profile is wanted.
+    pub profiled: Option<&'a str>,
+}
+
+/// Pop + ack on a pre-filled queue; see the module docs.
+///
+/// # Errors
+///
+/// When setup fails.
+pub async fn pop_ack(
+    server: &mut Server,
+    params: &Params,
+    run: Run<'_>,
+    batch: usize,
+) -> Result<Measurement, BoxError> {
+    let Run {
+        scenario,
+        round,
+        url,
+        profiled,
+    } = run;
+    let (broker, primed) = start(params, scenario, url).await?;
+    let tag = crate::data::fresh_seed();
+    let t = Instant::now();
+    let producers = traffic::fill(
+        broker.port,
+        params.connections,
+        100,
+        scenario.partitions,
+        tag,
+        params.prefill,
+    )
+    .await;
+    let fill_secs = t.elapsed().as_secs_f64();
+    trace(params, "fill", t);
+    let prefilled = queued(&producers);
+    let t = Instant::now();
+    server.checkpoint().await?;
+    trace(params, "checkpoint", t);
+    let targets = CpuTargets {
+        broker: Some(broker.pid()),
+        postmaster: server.postmaster,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let counter = Arc::new(AtomicU64::new(0));
+    let window = Window::after(params.warmup, params.duration);
+    let workers = traffic::consumers(
+        broker.port,
+        params.consumers,
+        batch,
+        false,
+        tag,
+        stop.clone(),
+        counter.clone(),
+    );
+    tokio::time::sleep_until(window.start.into()).await;
+    let c0 = Counters::read(server, &targets, true).await?;
+    let collecting = match profiled {
+        Some(db) => Some(profile::begin(server, db, window.end).await?),
+        None => None,
+    };
+    tokio::time::sleep_until(window.end.into()).await;
+    let c1 = Counters::read(server, &targets, true).await?;
+    stop.store(true, Ordering::Relaxed);
+    let profile = match collecting {
+        Some(c) => Some(profile::finish(server, c).await?),
+        None => None,
+    };
+    let mut logs = Vec::with_capacity(workers.len());
+    for w in workers {
+        logs.push(w.await?);
+    }
+    let peak = crate::measure::peak_rss_bytes(broker.pid());
+    let broker_problems = broker.log_problems(3);
+    broker.stop();
+
+    let f = consumer_figures(&logs, &window);
+    let mut m = scenario::blank(scenario, round);
+    m.profile = profile;
+    m.msgs_per_sec = f.msgs as f64 / window.secs();
+    m.ops_per_sec = f.cycles as f64 / window.secs();
+    (m.p50_ms, m.p99_ms) = f.cycle_ms;
+    m.peak_rss_mib = peak.map(|b| b as f64 / (1024.0 * 1024.0));
+    m.cpu = c0.cpu_until(&c1, params.ticks_per_sec);
+    let secs = (c1.at - c0.at).as_secs_f64();
+    m.wal_bytes_per_msg = c0.wal_until(&c1, server).await? / (m.msgs_per_sec * secs);
+    let (check, consumed_total, committed, live) =
+        finish(&mut m, url, &producers, &logs, primed, false).await?;
+    if consumed_total + 1_000 >= prefilled + primed || f.empty > 0 {
+        m.problems.push(format!(
+            "the queue ran dry: {consumed_total} of {} consumed, {} empty pops in the window (raise --prefill)",
+            prefilled + primed,
+            f.empty
+        ));
+    }
+    m.problems.extend(broker_problems);
+    m.detail = Some(Detail::Consume(ConsumeDetail {
+        consumers: params.consumers,
+        consumed_msgs_per_sec: m.msgs_per_sec,
+        produced_msgs_per_sec: prefilled as f64 / fill_secs,
+        offered_msgs_per_sec: None,
+        msgs_per_pop: f.msgs as f64 / f.cycles.max(1) as f64,
+        pop_ms: f.pop_ms,
+        ack_ms: f.ack_ms,
+        cycle_ms: f.cycle_ms,
+        push_ms: None,
+        end_to_end_ms: None,
+        popped_before_push_answer: 0,
+        empty_pops: f.empty,
+        prefilled,
+        backlog_at_end: 0,
+        drain_secs: f64::NAN,
+        consumed_total,
+        committed_offsets: committed,
+        live_leases: live,
+        check,
+    }));
+    Ok(m)
+}
+
+/// Producers (as fast as answered, or paced at `pace` msg/s) and consumers together; see the
+/// module docs.
+///
+/// # Errors
+///
+/// When setup fails.
+pub async fn end_to_end(
+    server: &mut Server,
+    params: &Params,
+    run: Run<'_>,
+    batch: usize,
+    pace: Option<f64>,
+) -> Result<Measurement, BoxError> {
+    let Run {
+        scenario,
+        round,
+        url,
+        profiled,
+    } = run;
+    let (broker, primed) = start(params, scenario, url).await?;
+    let t = Instant::now();
+    server.checkpoint().await?;
+    trace(params, "checkpoint", t);
+    let targets = CpuTargets {
+        broker: Some(broker.pid()),
+        postmaster: server.postmaster,
+    };
+    let tag = crate::data::fresh_seed();
+    let stop_producers = Arc::new(AtomicBool::new(false));
+    let stop_consumers = Arc::new(AtomicBool::new(false));
+    let counter = Arc::new(AtomicU64::new(0));
+    let window = Window::after(params.warmup, params.duration);
+    let consumers = traffic::consumers(
+        broker.port,
+        params.consumers,
+        batch,
+        true,
+        tag,
+        stop_consumers.clone(),
+        counter.clone(),
+    );
+    let producers = traffic::producers(
+        broker.port,
+        params.connections,
+        batch,
+        scenario.partitions,
+        tag,
+        stop_producers.clone(),
+        pace,
+    );
+    tokio::time::sleep_until(window.start.into()).await;
+    let c0 = Counters::read(server, &targets, true).await?;
+    let collecting = match profiled {
+        Some(db) => Some(profile::begin(server, db, window.end).await?),
+        None => None,
+    };
+    tokio::time::sleep_until(window.end.into()).await;
+    let c1 = Counters::read(server, &targets, true).await?;
+    stop_producers.store(true, Ordering::Relaxed);
+    let profile = match collecting {
+        Some(c) => Some(profile::finish(server, c).await?),
+        None => None,
+    };
+    let mut plogs = Vec::with_capacity(producers.len());
+    for w in producers {
+        plogs.push(w.await?);
+    }
+    // Drain: the consumers go on until everything queued (and primed) is consumed.
+    let expected = queued(&plogs) + primed;
+    let t = Instant::now();
+    while counter.load(Ordering::Relaxed) < expected && t.elapsed() < DRAIN_LIMIT {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let drained = counter.load(Ordering::Relaxed) >= expected;
+    let drain_secs = t.elapsed().as_secs_f64();
+    stop_consumers.store(true, Ordering::Relaxed);
+    let mut clogs = Vec::with_capacity(consumers.len());
+    for w in consumers {
+        clogs.push(w.await?);
+    }
+    let peak = crate::measure::peak_rss_bytes(broker.pid());
+    let broker_problems = broker.log_problems(3);
+    broker.stop();
+
+    let f = consumer_figures(&clogs, &window);
+    // Push answered → pop answered, for messages popped inside the window.
+    let mut e2e = Vec::new();
+    let mut early = 0u64;
+    for l in &clogs {
+        for &(c, seq, popped) in l.consumed.iter().filter(|x| window.contains(x.2)) {
+            let Some(r) = plogs
+                .get(usize::from(c))
+                .and_then(|p| p.requests.get((seq / batch as u64) as usize))
+            else {
+                continue;
+            };
+            if popped < r.done {
+                early += 1;
+            }
+            e2e.push(popped.saturating_duration_since(r.done));
+        }
+    }
+    let e2e_ms = (
+        traffic::percentile_ms(&mut e2e, 50.0),
+        traffic::percentile_ms(&mut e2e, 99.0),
+        traffic::percentile_ms(&mut e2e, 100.0),
+    );
+    let mut push_lat = Vec::new();
+    let mut produced = 0u64;
+    let mut produced_by_end = 0u64;
+    for r in plogs.iter().flat_map(|l| &l.requests) {
+        if window.contains(r.done) {
+            produced += u64::from(r.queued);
+            push_lat.push(r.done - r.sent);
+        }
+        if r.done < window.end {
+            produced_by_end += u64::from(r.queued);
+        }
+    }
+    let consumed_by_end: u64 = clogs
+        .iter()
+        .flat_map(|l| &l.cycles)
+        .filter(|c| c.acked < window.end)
+        .map(|c| u64::from(c.msgs))
+        .sum();
+
+    let mut m = scenario::blank(scenario, round);
+    m.profile = profile;
+    m.msgs_per_sec = f.msgs as f64 / window.secs();
+    m.ops_per_sec = f.cycles as f64 / window.secs();
+    m.p50_ms = e2e_ms.0;
+    m.p99_ms = e2e_ms.1;
+    m.peak_rss_mib = peak.map(|b| b as f64 / (1024.0 * 1024.0));
+    m.cpu = c0.cpu_until(&c1, params.ticks_per_sec);
+    let secs = (c1.at - c0.at).as_secs_f64();
+    m.wal_bytes_per_msg = c0.wal_until(&c1, server).await? / (m.msgs_per_sec * secs);
+    let (check, consumed_total, committed, live) =
+        finish(&mut m, url, &plogs, &clogs, primed, true).await?;
+    if !drained {
+        m.problems.push(format!(
+            "not drained within {} s: {} of {expected} consumed",
+            DRAIN_LIMIT.as_secs(),
+            counter.load(Ordering::Relaxed)
+        ));
+        m.verified = false;
+    }
+    m.problems.extend(broker_problems);
+    m.detail = Some(Detail::Consume(ConsumeDetail {
+        consumers: params.consumers,
+        consumed_msgs_per_sec: m.msgs_per_sec,
+        produced_msgs_per_sec: produced as f64 / window.secs(),
+        offered_msgs_per_sec: pace,
+        msgs_per_pop: f.msgs as f64 / f.cycles.max(1) as f64,
+        pop_ms: f.pop_ms,
+        ack_ms: f.ack_ms,
+        cycle_ms: f.cycle_ms,
+        push_ms: Some((
+            traffic::percentile_ms(&mut push_lat, 50.0),
+            traffic::percentile_ms(&mut push_lat, 99.0),
+        )),
+        end_to_end_ms: Some(e2e_ms),
+        popped_before_push_answer: early,
+        empty_pops: f.empty,
+        prefilled: 0,
+        backlog_at_end: (produced_by_end + primed) as i64 - consumed_by_end as i64,
+        drain_secs,
+        consumed_total,
+        committed_offsets: committed,
+        live_leases: live,
+        check,
+    }));
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::traffic::Cycle;
+
+    #[test]
+    fn only_cycles_acked_inside_the_window_count() {
+        let t0 = Instant::now();
+        let w = Window {
+            start: t0 + Duration::from_secs(1),
+            end: t0 + Duration::from_secs(2),
+        };
+        let cycle = |at: u64, msgs| Cycle {
+            started: t0 + Duration::from_millis(at - 10),
+            popped: t0 + Duration::from_millis(at - 4),
+            acked: t0 + Duration::from_millis(at),
+            msgs,
+        };
+        let log = ConsumerLog {
+            cycles: vec![
+                cycle(500, 100),
+                cycle(1500, 100),
+                cycle(1900, 40),
+                cycle(2500, 7),
+            ],
+            empty: vec![t0 + Duration::from_millis(1200), t0],
+            ..ConsumerLog::default()
+        };
+        let f = consumer_figures(&[log], &w);
+        assert_eq!((f.msgs, f.cycles, f.empty), (140, 2, 1));
+        assert_eq!(f.cycle_ms.0, 10.0);
+        assert_eq!(f.ack_ms.1, 4.0);
+    }
+}

@@ -1,0 +1,590 @@
+//! Producers and consumers that keep a log, for the scenarios that check what happened to every
+//! message (the spool and the consuming scenarios):
+//!
+//! - [`producers`]: `POST /api/v1/push` like [`crate::load::push_workers`], but each worker runs
+//!   until told to stop and records every request (sent, answered, verdicts) and every item's
+//!   verdict by its sequence number, so windows can be cut afterwards and the database checked
+//!   item by item.
+//! - [`consumers`]: `GET /api/v1/pop/queue/bench?batch=..` then `POST /api/v1/ack/batch` with
+//!   every message's (transactionId, partitionId, leaseId), in a loop; records when each message
+//!   was popped and when each ack returned.
+//!
+//! A transaction id is `<tag>-<connection>-<sequence>` (see [`crate::data::transaction_id`]),
+//! so a popped or stored message names the producer connection and item it came from.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use tokio::task::JoinHandle;
+
+use crate::data::{self, Rng};
+use crate::http::HttpConn;
+
+/// What the broker answered for one item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// `queued`: committed.
+    Queued,
+    /// `buffered`: in the spool.
+    Buffered,
+    /// `duplicate`.
+    Duplicate,
+    /// `failed`: neither stored nor spooled.
+    Failed,
+    /// The request failed (I/O error, another status): the outcome is unknown.
+    Unknown,
+}
+
+impl Verdict {
+    fn from_word(w: &[u8]) -> Self {
+        match w {
+            b"queued" => Self::Queued,
+            b"buffered" => Self::Buffered,
+            b"duplicate" => Self::Duplicate,
+            b"failed" => Self::Failed,
+            _ => Self::Unknown,
+        }
+    }
+
+    /// Whether the broker took responsibility for the item (it must be stored exactly once).
+    pub fn acknowledged(self) -> bool {
+        matches!(self, Self::Queued | Self::Buffered)
+    }
+}
+
+/// The `status` of every item of a push response, in order.
+pub fn verdicts(body: &[u8]) -> Vec<Verdict> {
+    const NEEDLE: &[u8] = b"\"status\":\"";
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(pos) = body[at..].windows(NEEDLE.len()).position(|w| w == NEEDLE) {
+        let start = at + pos + NEEDLE.len();
+        let len = body[start..]
+            .iter()
+            .position(|&b| b == b'"')
+            .unwrap_or(body.len() - start);
+        out.push(Verdict::from_word(&body[start..start + len]));
+        at = start + len;
+    }
+    out
+}
+
+/// (connection, sequence) of a transaction id minted by [`data::transaction_id`] with `tag`.
+pub fn parse_txn(txn: &str, tag: u64) -> Option<(usize, u64)> {
+    let b = txn.as_bytes();
+    if b.len() != 34 || b[16] != b'-' || b[21] != b'-' {
+        return None;
+    }
+    if u64::from_str_radix(&txn[..16], 16).ok()? != tag {
+        return None;
+    }
+    let conn = usize::from_str_radix(&txn[17..21], 16).ok()?;
+    let seq = u64::from_str_radix(&txn[22..], 16).ok()?;
+    Some((conn, seq))
+}
+
+/// One push request.
+#[derive(Clone, Copy, Debug)]
+pub struct Request {
+    /// When it was sent.
+    pub sent: Instant,
+    /// When its answer arrived (or the request failed).
+    pub done: Instant,
+    /// Items answered `queued`.
+    pub queued: u32,
+    /// Items answered `buffered`.
+    pub buffered: u32,
+    /// Items with any other verdict, or of a failed request.
+    pub other: u32,
+}
+
+/// Everything one producer connection did. Request `k` carried items `k*batch .. (k+1)*batch`.
+#[derive(Default)]
+pub struct ProducerLog {
+    /// Every request, in order.
+    pub requests: Vec<Request>,
+    /// Every item's verdict, by sequence number.
+    pub verdicts: Vec<Verdict>,
+    /// Failed requests.
+    pub errors: u64,
+    /// The first failure.
+    pub first_error: Option<String>,
+}
+
+/// Starts `connections` producers: each pushes `batch` items per request to a random partition
+/// among `partitions` until `stop` is set, answers included. With `pace` (msg/s, all producers
+/// together) each producer sends its requests on a fixed schedule (never faster; when a request
+/// is late the next one goes at once), else as fast as the answers come.
+pub fn producers(
+    port: u16,
+    connections: usize,
+    batch: usize,
+    partitions: u64,
+    tag: u64,
+    stop: Arc<AtomicBool>,
+    pace: Option<f64>,
+) -> Vec<JoinHandle<ProducerLog>> {
+    producers_limited(port, connections, batch, partitions, tag, stop, None, pace)
+}
+
+/// [`producers`] that also stop once `requests` (shared) runs out.
+#[allow(clippy::too_many_arguments)]
+fn producers_limited(
+    port: u16,
+    connections: usize,
+    batch: usize,
+    partitions: u64,
+    tag: u64,
+    stop: Arc<AtomicBool>,
+    requests: Option<Arc<AtomicU64>>,
+    pace: Option<f64>,
+) -> Vec<JoinHandle<ProducerLog>> {
+    let interval = pace
+        .filter(|r| *r > 0.0)
+        .map(|r| Duration::from_secs_f64(connections as f64 * batch as f64 / r));
+    let names: Arc<Vec<String>> = Arc::new((0..partitions).map(data::partition_name).collect());
+    (0..connections)
+        .map(|c| {
+            let names = names.clone();
+            let stop = stop.clone();
+            let requests = requests.clone();
+            tokio::spawn(async move {
+                let mut log = ProducerLog::default();
+                let mut conn = HttpConn::new(port);
+                let mut rng = Rng::new(tag ^ ((c as u64) << 32));
+                let mut body = String::with_capacity(batch * 420 + 16);
+                let mut seq = 0u64;
+                // Spread the producers' schedules over one interval.
+                let mut next =
+                    interval.map(|i| Instant::now() + i.mul_f64(rng.below(1_000_000) as f64 / 1e6));
+                while !stop.load(Ordering::Relaxed) {
+                    if let (Some(at), Some(every)) = (next.as_mut(), interval) {
+                        tokio::time::sleep_until((*at).into()).await;
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        *at = (*at + every).max(Instant::now());
+                    }
+                    if let Some(left) = &requests {
+                        let took = left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                            n.checked_sub(1)
+                        });
+                        if took.is_err() {
+                            break;
+                        }
+                    }
+                    body.clear();
+                    body.push_str("{\"items\":[");
+                    let partition = &names[rng.below(names.len() as u64) as usize];
+                    for k in 0..batch {
+                        if k > 0 {
+                            body.push(',');
+                        }
+                        let txn = data::transaction_id(tag, c, seq);
+                        seq += 1;
+                        data::push_item_json(&mut body, partition, &txn, &mut rng);
+                    }
+                    body.push_str("]}");
+                    let sent = Instant::now();
+                    let answer = conn.request("POST", "/api/v1/push", body.as_bytes()).await;
+                    let done = Instant::now();
+                    let mut got = match &answer {
+                        Ok(r) if r.status == 201 || r.status == 500 => verdicts(&r.body),
+                        _ => Vec::new(),
+                    };
+                    let failed = got.len() != batch;
+                    if failed {
+                        let what = match answer {
+                            Ok(r) => format!(
+                                "HTTP {}: {}",
+                                r.status,
+                                String::from_utf8_lossy(&r.body[..r.body.len().min(200)])
+                            ),
+                            Err(e) => format!("push: {e}"),
+                        };
+                        log.errors += 1;
+                        log.first_error.get_or_insert(what);
+                        got = vec![Verdict::Unknown; batch];
+                    }
+                    let count = |v: Verdict| got.iter().filter(|&&g| g == v).count() as u32;
+                    let (queued, buffered) = (count(Verdict::Queued), count(Verdict::Buffered));
+                    log.requests.push(Request {
+                        sent,
+                        done,
+                        queued,
+                        buffered,
+                        other: batch as u32 - queued - buffered,
+                    });
+                    log.verdicts.extend(got);
+                    if failed {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+                log
+            })
+        })
+        .collect()
+}
+
+/// Pushes at least `total` items, `batch` per request, from `connections` producers; returns
+/// their logs. For filling the queue before a consuming measurement.
+pub async fn fill(
+    port: u16,
+    connections: usize,
+    batch: usize,
+    partitions: u64,
+    tag: u64,
+    total: u64,
+) -> Vec<ProducerLog> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let requests = Arc::new(AtomicU64::new(total.div_ceil(batch as u64)));
+    let workers = producers_limited(
+        port,
+        connections,
+        batch,
+        partitions,
+        tag,
+        stop,
+        Some(requests),
+        None,
+    );
+    let mut logs = Vec::new();
+    for w in workers {
+        logs.push(w.await.unwrap_or_default());
+    }
+    logs
+}
+
+/// A popped message: the fields an ack needs.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PoppedMessage<'a> {
+    transaction_id: &'a str,
+    partition_id: &'a str,
+    lease_id: &'a str,
+}
+
+#[derive(Deserialize)]
+struct PopBody<'a> {
+    #[serde(borrow)]
+    messages: Vec<PoppedMessage<'a>>,
+}
+
+/// One pop + ack round trip of a consumer.
+#[derive(Clone, Copy, Debug)]
+pub struct Cycle {
+    /// Pop sent.
+    pub started: Instant,
+    /// Pop answered.
+    pub popped: Instant,
+    /// Ack answered.
+    pub acked: Instant,
+    /// Messages popped and acked.
+    pub msgs: u32,
+}
+
+/// Everything one consumer did.
+#[derive(Default)]
+pub struct ConsumerLog {
+    /// Every message popped from a producer of this measurement: (connection, sequence, when
+    /// its pop answered).
+    pub consumed: Vec<(u16, u64, Instant)>,
+    /// Messages popped that came from elsewhere (the priming messages).
+    pub other: u64,
+    /// Every pop that returned messages, with its ack.
+    pub cycles: Vec<Cycle>,
+    /// Pops answered 204 (nothing available) and when.
+    pub empty: Vec<Instant>,
+    /// Acks answered `success: false`.
+    pub ack_failures: u64,
+    /// Failed requests.
+    pub errors: u64,
+    /// The first failure.
+    pub first_error: Option<String>,
+}
+
+/// Starts `n` consumers of the bench queue: pop up to `batch` messages (`wait`: long-poll up to
+/// 1 s), ack them all in one `/ack/batch` (status completed, with their lease), repeat until
+/// `stop` is set. `consumed` counts acked messages across consumers.
+pub fn consumers(
+    port: u16,
+    n: usize,
+    batch: usize,
+    wait: bool,
+    tag: u64,
+    stop: Arc<AtomicBool>,
+    consumed: Arc<AtomicU64>,
+) -> Vec<JoinHandle<ConsumerLog>> {
+    let path = if wait {
+        format!(
+            "/api/v1/pop/queue/{}?batch={batch}&wait=true&timeout=1000",
+            data::QUEUE
+        )
+    } else {
+        format!("/api/v1/pop/queue/{}?batch={batch}&wait=false", data::QUEUE)
+    };
+    (0..n)
+        .map(|_| {
+            let (path, stop, consumed) = (path.clone(), stop.clone(), consumed.clone());
+            tokio::spawn(async move {
+                let mut log = ConsumerLog::default();
+                let mut conn = HttpConn::new(port);
+                let mut ack = String::with_capacity(batch * 160 + 64);
+                while !stop.load(Ordering::Relaxed) {
+                    let started = Instant::now();
+                    let r = match conn.request("GET", &path, b"").await {
+                        Ok(r) => r,
+                        Err(e) => {
+                            log.errors += 1;
+                            log.first_error.get_or_insert(format!("pop: {e}"));
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            continue;
+                        }
+                    };
+                    let popped = Instant::now();
+                    if r.status == 204 {
+                        log.empty.push(popped);
+                        if !wait {
+                            // Nothing free right now: all partitions leased or drained.
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                        }
+                        continue;
+                    }
+                    let body: PopBody = match (r.status, serde_json::from_slice(&r.body)) {
+                        (200, Ok(b)) => b,
+                        (status, parsed) => {
+                            log.errors += 1;
+                            log.first_error.get_or_insert(format!(
+                                "pop answered {status}: {} {}",
+                                parsed.err().map_or(String::new(), |e| e.to_string()),
+                                String::from_utf8_lossy(&r.body[..r.body.len().min(200)])
+                            ));
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            continue;
+                        }
+                    };
+                    ack.clear();
+                    ack.push_str("{\"acknowledgments\":[");
+                    for (k, m) in body.messages.iter().enumerate() {
+                        if k > 0 {
+                            ack.push(',');
+                        }
+                        ack.push_str("{\"transactionId\":\"");
+                        ack.push_str(m.transaction_id);
+                        ack.push_str("\",\"partitionId\":\"");
+                        ack.push_str(m.partition_id);
+                        ack.push_str("\",\"leaseId\":\"");
+                        ack.push_str(m.lease_id);
+                        ack.push_str("\",\"status\":\"completed\"}");
+                        match parse_txn(m.transaction_id, tag) {
+                            Some((c, seq)) => log.consumed.push((c as u16, seq, popped)),
+                            None => log.other += 1,
+                        }
+                    }
+                    ack.push_str("],\"consumerGroup\":null}");
+                    let n = body.messages.len();
+                    let answer = conn
+                        .request("POST", "/api/v1/ack/batch", ack.as_bytes())
+                        .await;
+                    let acked = Instant::now();
+                    match answer {
+                        Ok(a) if a.status == 200 => {
+                            const OK: &[u8] = b"\"success\":true";
+                            let ok = a.body.windows(OK.len()).filter(|w| *w == OK).count();
+                            log.ack_failures += n.saturating_sub(ok) as u64;
+                        }
+                        Ok(a) => {
+                            log.errors += 1;
+                            log.ack_failures += n as u64;
+                            log.first_error.get_or_insert(format!(
+                                "ack answered {}: {}",
+                                a.status,
+                                String::from_utf8_lossy(&a.body[..a.body.len().min(200)])
+                            ));
+                        }
+                        Err(e) => {
+                            log.errors += 1;
+                            log.ack_failures += n as u64;
+                            log.first_error.get_or_insert(format!("ack: {e}"));
+                        }
+                    }
+                    consumed.fetch_add(n as u64, Ordering::Relaxed);
+                    log.cycles.push(Cycle {
+                        started,
+                        popped,
+                        acked,
+                        msgs: n as u32,
+                    });
+                }
+                log
+            })
+        })
+        .collect()
+}
+
+/// How often each item of the producers appears somewhere (stored, or consumed).
+pub struct Counts {
+    per_conn: Vec<Vec<u8>>,
+    /// Ids with a known tag but outside what the producers sent.
+    pub stray: u64,
+}
+
+impl Counts {
+    /// Zero counts shaped like the producers' logs.
+    pub fn new(logs: &[ProducerLog]) -> Self {
+        Self {
+            per_conn: logs.iter().map(|l| vec![0; l.verdicts.len()]).collect(),
+            stray: 0,
+        }
+    }
+
+    /// Counts one appearance of (connection, sequence).
+    pub fn add(&mut self, conn: usize, seq: u64) {
+        match self
+            .per_conn
+            .get_mut(conn)
+            .and_then(|v| v.get_mut(seq as usize))
+        {
+            Some(n) => *n = n.saturating_add(1),
+            None => self.stray += 1,
+        }
+    }
+}
+
+/// Every item checked against what the broker answered for it.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct Check {
+    /// Items answered `queued` or `buffered` (must appear exactly once).
+    pub acknowledged: u64,
+    /// ... of which appear exactly once.
+    pub exactly_once: u64,
+    /// ... of which never appear.
+    pub lost: u64,
+    /// Extra appearances (an item seen twice counts 1).
+    pub duplicates: u64,
+    /// Items that appear although the broker did not acknowledge them (`failed`, `duplicate`),
+    /// plus ids outside what was sent.
+    pub unexpected: u64,
+    /// Items whose request failed (outcome unknown: 0 or 1 appearance both fine).
+    pub unknown: u64,
+}
+
+impl Check {
+    /// Whether every acknowledged item appears exactly once and nothing else does.
+    pub fn ok(&self) -> bool {
+        self.lost == 0 && self.duplicates == 0 && self.unexpected == 0
+    }
+}
+
+/// Checks `counts` against the producers' verdicts. With `only_queued`, `buffered` items are
+/// not expected (a consumer cannot see them before replay).
+pub fn check(logs: &[ProducerLog], counts: &Counts, only_queued: bool) -> Check {
+    let mut c = Check {
+        unexpected: counts.stray,
+        ..Check::default()
+    };
+    for (log, seen) in logs.iter().zip(&counts.per_conn) {
+        for (&v, &n) in log.verdicts.iter().zip(seen) {
+            let n = u64::from(n);
+            let expected = if only_queued {
+                v == Verdict::Queued
+            } else {
+                v.acknowledged()
+            };
+            if v == Verdict::Unknown {
+                c.unknown += 1;
+                c.duplicates += n.saturating_sub(1);
+            } else if expected {
+                c.acknowledged += 1;
+                match n {
+                    0 => c.lost += 1,
+                    1 => c.exactly_once += 1,
+                    _ => {
+                        c.exactly_once += 1;
+                        c.duplicates += n - 1;
+                    }
+                }
+            } else {
+                c.unexpected += n;
+            }
+        }
+    }
+    c
+}
+
+/// The `pct` percentile of unsorted durations, in ms (NaN when empty).
+pub fn percentile_ms(values: &mut [Duration], pct: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_unstable();
+    let n = values.len();
+    let at = ((n as f64 * pct / 100.0).ceil() as usize).clamp(1, n) - 1;
+    values[at].as_secs_f64() * 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdicts_are_read_in_order() {
+        let body = br#"[{"index":0,"status":"queued"},{"index":1,"status":"buffered"},{"status":"failed"},{"status":"weird"}]"#;
+        assert_eq!(
+            verdicts(body),
+            vec![
+                Verdict::Queued,
+                Verdict::Buffered,
+                Verdict::Failed,
+                Verdict::Unknown
+            ]
+        );
+        assert!(verdicts(b"[]").is_empty());
+    }
+
+    #[test]
+    fn checks_find_lost_duplicate_and_unexpected_items() {
+        let log = ProducerLog {
+            verdicts: vec![
+                Verdict::Queued,
+                Verdict::Buffered,
+                Verdict::Queued,
+                Verdict::Failed,
+                Verdict::Unknown,
+            ],
+            ..ProducerLog::default()
+        };
+        let logs = [log];
+        let mut counts = Counts::new(&logs);
+        counts.add(0, 0);
+        counts.add(0, 1);
+        counts.add(0, 1);
+        counts.add(0, 3);
+        counts.add(0, 9);
+        let c = check(&logs, &counts, false);
+        assert_eq!(
+            (
+                c.acknowledged,
+                c.exactly_once,
+                c.lost,
+                c.duplicates,
+                c.unexpected,
+                c.unknown
+            ),
+            (3, 2, 1, 1, 2, 1)
+        );
+        assert!(!c.ok());
+        let q = check(&logs, &counts, true);
+        assert_eq!((q.acknowledged, q.lost, q.unexpected), (2, 1, 4));
+    }
+
+    #[test]
+    fn transaction_ids_round_trip() {
+        let txn = data::transaction_id(0xabc, 7, 123_456);
+        assert_eq!(parse_txn(&txn, 0xabc), Some((7, 123_456)));
+        assert_eq!(parse_txn(&txn, 0xabd), None);
+        assert_eq!(parse_txn("nope", 0xabc), None);
+    }
+}
