@@ -465,6 +465,9 @@ impl Collect<'_, '_> {
         .await?;
         let claimed = match claimed {
             Some(c) => Some(c),
+            // The group already had a row here when the scan read it: the lease is held by
+            // someone else, and a first-contact insert would only conflict.
+            None if row.committed.is_some() => None,
             // First contact of the group with this partition (or the lease is held: then the
             // insert conflicts and returns nothing).
             None => {
