@@ -12,15 +12,17 @@ fn item(n: usize) -> Value {
     json!({ "queue": "out", "partition": "A", "payload": { "n": n }, "transactionId": format!("A{n}") })
 }
 
+/// A broker whose database connections all go through a proxy the test can cut.
+async fn behind_proxy(db: &common::TestDb) -> (Proxy, common::TestApp) {
+    let proxy = Proxy::start(pg().port()).await;
+    let app = spawn_app_with(test_settings(db, &[("DATABASE_URL", &proxy.url(&db.name))])).await;
+    (proxy, app)
+}
+
 #[actix_web::test]
 async fn an_outage_spools_and_recovery_replays_in_order_exactly_once() {
     let db = fresh_db().await;
-    let proxy = Proxy::start(pg().port()).await;
-    let app = spawn_app_with(test_settings(
-        &db,
-        &[("DATABASE_URL", &proxy.url(&db.name))],
-    ))
-    .await;
+    let (proxy, app) = behind_proxy(&db).await;
 
     let mut ids = Vec::new();
     for n in 1..=5 {
@@ -82,12 +84,7 @@ async fn an_outage_spools_and_recovery_replays_in_order_exactly_once() {
 #[actix_web::test]
 async fn a_commit_whose_answer_was_lost_is_not_stored_twice() {
     let db = fresh_db().await;
-    let proxy = Proxy::start(pg().port()).await;
-    let app = spawn_app_with(test_settings(
-        &db,
-        &[("DATABASE_URL", &proxy.url(&db.name))],
-    ))
-    .await;
+    let (proxy, app) = behind_proxy(&db).await;
     assert_eq!(
         app.push(json!([{ "queue": "u", "payload": 0, "transactionId": "warm" }]))
             .await
@@ -134,12 +131,7 @@ async fn a_commit_whose_answer_was_lost_is_not_stored_twice() {
 #[actix_web::test]
 async fn several_partitions_keep_their_own_order_through_an_outage() {
     let db = fresh_db().await;
-    let proxy = Proxy::start(pg().port()).await;
-    let app = spawn_app_with(test_settings(
-        &db,
-        &[("DATABASE_URL", &proxy.url(&db.name))],
-    ))
-    .await;
+    let (proxy, app) = behind_proxy(&db).await;
     let push_round = |round: usize| {
         let items: Vec<Value> = (0..4)
             .map(|p| json!({ "queue": "multi", "partition": format!("p{p}"), "payload": round, "transactionId": format!("r{round}") }))

@@ -54,17 +54,6 @@ pub struct Item {
     pub arrived_at_micros: i64,
 }
 
-impl Item {
-    /// Approximate memory held by this item, for backpressure accounting.
-    pub fn weight(&self) -> usize {
-        self.payload.len()
-            + self.transaction_id.len()
-            + self.producer_sub.as_ref().map_or(0, String::len)
-            + self.trace_id.as_ref().map_or(0, String::len)
-            + 64
-    }
-}
-
 /// What became of one item.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {

@@ -44,6 +44,7 @@ struct Snapshot {
     pop_maintenance: bool,
     partition_actors: usize,
     inflight_bytes: usize,
+    commit_backlog: usize,
 }
 
 fn snapshot(state: &AppState) -> Snapshot {
@@ -61,6 +62,7 @@ fn snapshot(state: &AppState) -> Snapshot {
         pop_maintenance: state.flags.pop_maintenance(),
         partition_actors: state.registry.len(),
         inflight_bytes: crate::app::inflight_bytes(state),
+        commit_backlog: state.committers.backlog(),
     }
 }
 
@@ -88,6 +90,7 @@ pub async fn json(state: web::Data<AppState>) -> HttpResponse {
         },
         "partitionActors": s.partition_actors,
         "inflightBytes": s.inflight_bytes,
+        "commitBacklogItems": s.commit_backlog,
     }))
 }
 
@@ -95,7 +98,7 @@ pub async fn json(state: web::Data<AppState>) -> HttpResponse {
 pub async fn prometheus(state: web::Data<AppState>) -> HttpResponse {
     let s = snapshot(&state);
     let registry = Registry::new();
-    let gauges: [(&str, &str, i64); 11] = [
+    let gauges: [(&str, &str, i64); 12] = [
         (
             "queen_uptime_seconds",
             "seconds since the broker started",
@@ -150,6 +153,11 @@ pub async fn prometheus(state: web::Data<AppState>) -> HttpResponse {
             "queen_inflight_bytes",
             "request bytes held by the write path",
             s.inflight_bytes as i64,
+        ),
+        (
+            "queen_commit_backlog_items",
+            "items handed to committers and not yet committed",
+            s.commit_backlog as i64,
         ),
     ];
     for (name, help, value) in gauges {

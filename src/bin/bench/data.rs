@@ -94,6 +94,29 @@ pub fn push_item_json(out: &mut String, partition: &str, txn: &str, rng: &mut Rn
     out.push('}');
 }
 
+/// Rewrites `body` as one push request of `batch` items to `partition`; transaction ids are
+/// `transaction_id(tag, conn, seq)` with `seq` counting on across calls.
+pub fn push_body(
+    body: &mut String,
+    partition: &str,
+    batch: usize,
+    (tag, conn): (u64, usize),
+    seq: &mut u64,
+    rng: &mut Rng,
+) {
+    body.clear();
+    body.push_str("{\"items\":[");
+    for k in 0..batch {
+        if k > 0 {
+            body.push(',');
+        }
+        let txn = transaction_id(tag, conn, *seq);
+        *seq += 1;
+        push_item_json(body, partition, &txn, rng);
+    }
+    body.push_str("]}");
+}
+
 /// A write-path item as the broker would mint it for a pushed message (for the SQL baseline).
 pub fn broker_item(txn: String, rng: &mut Rng) -> Item {
     Item {

@@ -54,18 +54,8 @@ pub fn push_workers(
                 let mut body = String::with_capacity(batch * 420 + 16);
                 let mut seq = 0u64;
                 while Instant::now() < window.end {
-                    body.clear();
-                    body.push_str("{\"items\":[");
                     let partition = &names[rng.below(names.len() as u64) as usize];
-                    for k in 0..batch {
-                        if k > 0 {
-                            body.push(',');
-                        }
-                        let txn = data::transaction_id(tag, c, seq);
-                        seq += 1;
-                        data::push_item_json(&mut body, partition, &txn, &mut rng);
-                    }
-                    body.push_str("]}");
+                    data::push_body(&mut body, partition, batch, (tag, c), &mut seq, &mut rng);
                     let started = Instant::now();
                     match conn.request("POST", "/api/v1/push", body.as_bytes()).await {
                         Ok(r) if r.status == 201 => {

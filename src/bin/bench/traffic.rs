@@ -175,18 +175,8 @@ fn producers_limited(
                             break;
                         }
                     }
-                    body.clear();
-                    body.push_str("{\"items\":[");
                     let partition = &names[rng.below(names.len() as u64) as usize];
-                    for k in 0..batch {
-                        if k > 0 {
-                            body.push(',');
-                        }
-                        let txn = data::transaction_id(tag, c, seq);
-                        seq += 1;
-                        data::push_item_json(&mut body, partition, &txn, &mut rng);
-                    }
-                    body.push_str("]}");
+                    data::push_body(&mut body, partition, batch, (tag, c), &mut seq, &mut rng);
                     let sent = Instant::now();
                     let answer = conn.request("POST", "/api/v1/push", body.as_bytes()).await;
                     let done = Instant::now();
