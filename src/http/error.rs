@@ -5,6 +5,8 @@ use actix_web::{HttpResponse, ResponseError};
 use broker_actors::PushError;
 
 use crate::auth::AuthError;
+use crate::protocol::ProtocolError;
+use crate::state::AppState;
 
 /// A request that could not be served.
 #[derive(Debug, thiserror::Error)]
@@ -110,6 +112,12 @@ impl ResponseError for ApiError {
     }
 }
 
+impl From<ProtocolError> for ApiError {
+    fn from(e: ProtocolError) -> Self {
+        Self::BadRequest(e.0)
+    }
+}
+
 impl From<AuthError> for ApiError {
     fn from(e: AuthError) -> Self {
         match e {
@@ -144,7 +152,7 @@ pub fn database_away(e: &sqlx::Error) -> bool {
 ///
 /// [`ApiError::Database`] or [`ApiError::DatabaseTimeout`].
 pub async fn with_db<T>(
-    state: &crate::app::AppState,
+    state: &AppState,
     step: impl std::future::Future<Output = sqlx::Result<T>>,
 ) -> Result<T, ApiError> {
     let limit = state

@@ -6,7 +6,7 @@ use std::time::Duration;
 use actix_web::{web, HttpResponse};
 use serde_json::json;
 
-use crate::app::AppState;
+use crate::state::AppState;
 
 /// Readiness: 200 when `SELECT 1` answers within two seconds, else 503.
 pub async fn health(state: web::Data<AppState>) -> HttpResponse {

@@ -16,8 +16,9 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
-use crate::app::AppState;
 use crate::http::error::{with_db, ApiError};
+use crate::protocol::time::micros_iso;
+use crate::state::AppState;
 use crate::storage::consume::{self, PopRequest, Popped, SubscriptionStart, QUEUE_MODE};
 use crate::wake::WakeKey;
 
@@ -215,14 +216,6 @@ struct Body<'a> {
     consumer_group: &'a str,
     messages: Vec<Message<'a>>,
     partitions_claimed: usize,
-}
-
-/// Arrival time as the pop route writes it: microseconds, UTC, `Z`.
-pub fn micros_iso(micros: i64) -> String {
-    DateTime::from_timestamp_micros(micros)
-        .unwrap_or_default()
-        .format("%Y-%m-%dT%H:%M:%S%.6fZ")
-        .to_string()
 }
 
 fn respond(popped: &Popped, group: &str) -> Result<HttpResponse, ApiError> {

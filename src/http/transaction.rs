@@ -23,12 +23,13 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::app::AppState;
 use crate::auth::Caller;
-use crate::http::ack::{group_of, parse_ack};
 use crate::http::body::read_body;
 use crate::http::error::{database_away as away, with_db, ApiError};
-use crate::http::push::{mint, parse_push_body, MAX_NAME_CHARS};
+use crate::protocol::ack::{group_of, parse_ack};
+use crate::protocol::push::{mint, parse_push_body};
+use crate::protocol::{Name, ProtocolError, MAX_NAME_CHARS};
+use crate::state::AppState;
 use crate::storage::acks::{self, Ack, AckMode};
 use crate::storage::{commit, leases};
 
@@ -98,7 +99,7 @@ fn parse(bytes: &[u8], producer_sub: Option<&str>) -> Result<Plan, ApiError> {
             .map_err(|e| ApiError::BadRequest(format!("operation {n}: {e}")))?;
         match op.get("type").and_then(Value::as_str) {
             Some("push") => {
-                let at = |e: ApiError| ApiError::BadRequest(format!("operation {n}: {e}"));
+                let at = |e: ProtocolError| ApiError::BadRequest(format!("operation {n}: {e}"));
                 let parsed = parse_push_body(raw.get().as_bytes()).map_err(at)?;
                 let traces: Vec<TraceOnly> = serde_json::from_value(op["items"].clone())
                     .map_err(|e| ApiError::BadRequest(format!("operation {n}: {e}")))?;
@@ -107,7 +108,7 @@ fn parse(bytes: &[u8], producer_sub: Option<&str>) -> Result<Plan, ApiError> {
                 {
                     item.trace_id = match trace.trace_id {
                         None | Some(Value::Null) => None,
-                        Some(Value::String(t)) if t.chars().count() <= MAX_NAME_CHARS => Some(t),
+                        Some(Value::String(t)) if Name::fits(&t) => Some(t),
                         Some(_) => {
                             return Err(ApiError::BadRequest(format!(
                                 "operation {n}: item {i}: traceId must be a string of at most {MAX_NAME_CHARS} characters"
