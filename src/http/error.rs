@@ -7,6 +7,7 @@ use broker_actors::PushError;
 use crate::auth::AuthError;
 use crate::protocol::ProtocolError;
 use crate::state::AppState;
+use crate::storage::error::is_unreachable;
 
 /// A request that could not be served.
 #[derive(Debug, thiserror::Error)]
@@ -77,7 +78,7 @@ impl ResponseError for ApiError {
             Self::AuthUnavailable(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::NoSuchRoute { .. } | Self::NotFound(_) => StatusCode::NOT_FOUND,
             // Unreachable is retryable; anything else is ours.
-            Self::Database(e) if database_away(e) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Database(e) if is_unreachable(e) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::DatabaseTimeout(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -125,23 +126,6 @@ impl From<AuthError> for ApiError {
             AuthError::Forbidden => Self::Forbidden,
             AuthError::Unavailable(text) => Self::AuthUnavailable(text),
         }
-    }
-}
-
-/// Whether a database error means "PostgreSQL is unreachable or going away" (retryable) rather
-/// than "this statement failed".
-pub fn database_away(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
-        // Class 08: connection exception; class 57: operator intervention (shutdown, ...).
-        sqlx::Error::Database(db) => db
-            .code()
-            .is_some_and(|c| c.starts_with("08") || c.starts_with("57")),
-        _ => false,
     }
 }
 
