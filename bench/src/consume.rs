@@ -18,64 +18,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use sqlx::{Connection, PgConnection};
 
 use crate::broker::BrokerProcess;
 use crate::db::{self, Server};
 use crate::measure::{CpuTargets, Window};
+use crate::measurement::{self, ConsumeDetail, Counters, Detail, Measurement};
 use crate::profile;
-use crate::scenario::{self, trace, Counters, Detail, Measurement, Params, Scenario};
+use crate::scenario::{trace, Params, Scenario};
 use crate::traffic::{self, ConsumerLog, ProducerLog};
 use crate::BoxError;
 
 /// How long the end-to-end consumers may take to drain what was pushed.
 const DRAIN_LIMIT: Duration = Duration::from_secs(60);
-
-/// What the consuming scenarios measured besides the common fields.
-#[derive(Clone, Debug, Serialize)]
-pub struct ConsumeDetail {
-    /// Concurrent consumers.
-    pub consumers: usize,
-    /// Messages acked per second in the window (the main figure).
-    pub consumed_msgs_per_sec: f64,
-    /// Messages answered `queued` per second in the window (end-to-end), or while filling
-    /// the queue (pop+ack).
-    pub produced_msgs_per_sec: f64,
-    /// msg/s the paced producers offered (end-to-end, paced).
-    pub offered_msgs_per_sec: Option<f64>,
-    /// Messages per pop that returned messages.
-    pub msgs_per_pop: f64,
-    /// Pop request latency, ms (p50, p99).
-    pub pop_ms: (f64, f64),
-    /// Ack batch request latency, ms (p50, p99).
-    pub ack_ms: (f64, f64),
-    /// Pop + ack, ms (p50, p99).
-    pub cycle_ms: (f64, f64),
-    /// Push request latency, ms (p50, p99), end-to-end only.
-    pub push_ms: Option<(f64, f64)>,
-    /// Push answered `queued` → pop answered, ms (p50, p99, max), end-to-end only.
-    pub end_to_end_ms: Option<(f64, f64, f64)>,
-    /// Messages whose pop was answered before their push's answer reached the producer
-    /// (counted as 0 ms).
-    pub popped_before_push_answer: u64,
-    /// Pops answered 204 inside the window.
-    pub empty_pops: u64,
-    /// Messages in the queue before the window (pop+ack).
-    pub prefilled: u64,
-    /// Pushed but not yet consumed when the window closed (end-to-end).
-    pub backlog_at_end: i64,
-    /// Seconds the consumers took to drain after the producers stopped (end-to-end).
-    pub drain_secs: f64,
-    /// Messages consumed over the whole run (priming included).
-    pub consumed_total: u64,
-    /// Sum of queue mode's committed offsets (PostgreSQL's view of the same).
-    pub committed_offsets: i64,
-    /// Leases still live at the end.
-    pub live_leases: i64,
-    /// Every consumed message checked against its push's verdict.
-    pub check: traffic::Check,
-}
 
 /// Starts a broker on a fresh queue and primes every partition; returns it and the primed count.
 async fn start(
@@ -303,7 +258,7 @@ pub async fn pop_ack(
     broker.stop();
 
     let f = consumer_figures(&logs, &window);
-    let mut m = scenario::blank(scenario, round);
+    let mut m = measurement::blank(scenario, round);
     m.profile = profile;
     m.msgs_per_sec = f.msgs as f64 / window.secs();
     m.ops_per_sec = f.cycles as f64 / window.secs();
@@ -472,7 +427,7 @@ pub async fn end_to_end(
         .map(|c| u64::from(c.msgs))
         .sum();
 
-    let mut m = scenario::blank(scenario, round);
+    let mut m = measurement::blank(scenario, round);
     m.profile = profile;
     m.msgs_per_sec = f.msgs as f64 / window.secs();
     m.ops_per_sec = f.cycles as f64 / window.secs();

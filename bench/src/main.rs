@@ -11,6 +11,11 @@
 //! Two more suites use the same machinery: `spool` (push while PostgreSQL is down, then the
 //! replay's drain rate) and `consume` (pop+ack on a filled queue, and producers with consumers
 //! together, with end-to-end latency).
+//!
+//! Modules, imports pointing down only: `main` (options, plan, rounds) → `report` → `runner`
+//! (one measurement: fresh database, dispatch) → the suites `push`, `spool`, `consume` →
+//! `measurement` (what a measurement produced) and `scenario` (what is measured) → `profile`,
+//! `db`, `traffic`, `load`, `broker` → `measure`, `http`, `data`.
 
 mod broker;
 mod consume;
@@ -19,8 +24,11 @@ mod db;
 mod http;
 mod load;
 mod measure;
+mod measurement;
 mod profile;
+mod push;
 mod report;
+mod runner;
 mod scenario;
 mod spool;
 mod traffic;
@@ -464,7 +472,7 @@ async fn run_on(
                             }
                 })
                 .map(|m| m.msgs_per_sec);
-            let m = scenario::run(server, &params, s, round, push_only).await?;
+            let m = runner::run(server, &params, s, round, push_only).await?;
             eprintln!(
                 "[{:>3}/{total} {:>4.0}s] round {} {:<44} {:>9.0} msg/s  p50 {:>6.1} ms  p99 {:>6.1} ms{}  cpu b{:.2} pg{:.2} load{:.2} other{:.2}{}",
                 n,

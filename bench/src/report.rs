@@ -7,10 +7,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::consume::ConsumeDetail;
 use crate::measure::{median, CpuUse};
-use crate::scenario::{Detail, Kind, Measurement, Scenario};
-use crate::spool::SpoolDetail;
+use crate::measurement::{ConsumeDetail, Detail, Measurement, SpoolDetail};
+use crate::scenario::{Kind, Scenario};
 
 /// Medians of one scenario over its rounds.
 #[derive(Clone, Debug, Serialize)]
