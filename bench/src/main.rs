@@ -42,13 +42,14 @@ use clap::CommandFactory;
 use clap::{Parser, ValueEnum};
 
 use crate::report::Results;
-use crate::scenario::{Kind, Params, Scenario};
+use crate::scenario::{Kind, Params, Scenario, POP_BATCH};
 
 /// Errors of this program: any error, with its message.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// bench: throughput and latency of POST /api/v1/push against same-run PostgreSQL baselines,
-/// pushing while PostgreSQL is down (spool), and consuming (pop+ack, end-to-end).
+/// pushing while PostgreSQL is down (spool), and consuming (pop+ack, end-to-end, paced
+/// end-to-end, long-poll wake-up).
 ///
 /// Build the broker first (`cargo build --release --bins`, then `cargo run --release -p
 /// queen-bench -- OPTIONS`); the bench runs the `queen-broker`
@@ -112,6 +113,20 @@ struct Args {
     /// Messages pushed before the pop+ack window (consume suite).
     #[arg(long, value_name = "N", default_value_t = 300_000)]
     prefill: u64,
+    /// Offered rates of the paced end-to-end runs (consume suite), in percent of the same
+    /// round's push-only msg/s; each producer pushes on a fixed schedule. Below 10 % a push
+    /// carries 10 items instead of 100, so each producer still pushes several times a second.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "PERCENTS",
+        default_value = "5,50"
+    )]
+    paced: Vec<u32>,
+    /// Long-poll wake-up samples per round (consume suite; 0: not measured): a consumer waits
+    /// on the empty queue, one message is pushed; push answered → pop answered.
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    wakeups: usize,
     /// Use this PostgreSQL server (its database is used for CREATE DATABASE) instead of a
     /// private durable cluster started from the local PostgreSQL binaries; the spool suite is
     /// then skipped (it stops PostgreSQL).
@@ -173,6 +188,8 @@ struct Options {
     suites: Vec<Suite>,
     consumers: usize,
     prefill: u64,
+    paced: Vec<u32>,
+    wakeups: usize,
 }
 
 /// The parts of the bench.
@@ -219,6 +236,8 @@ impl Options {
             suites: a.suites,
             consumers: a.consumers,
             prefill: a.prefill,
+            paced: a.paced,
+            wakeups: a.wakeups,
         };
         if o.rounds == 0
             || o.connections == 0
@@ -237,6 +256,9 @@ impl Options {
             || o.dedup.is_empty()
         {
             return Err("suites, partitions, batches and dedup must not be empty".into());
+        }
+        if o.paced.iter().any(|p| *p == 0 || *p > 1000) {
+            return Err("--paced: percentages from 1 to 1000".into());
         }
         if o.batches.contains(&0) || o.partitions.contains(&0) {
             return Err("batches and partitions must be positive".into());
@@ -285,21 +307,24 @@ fn plan(o: &Options, can_stop_postgres: bool) -> Vec<Scenario> {
         if !out.contains(&push_only) {
             out.push(push_only);
         }
-        for kind in [
-            Kind::PopAck { batch: 100 },
+        let mut kinds = vec![
+            Kind::PopAck { batch: POP_BATCH },
             Kind::EndToEnd {
                 batch: 100,
                 pace_pct: 0,
             },
-            Kind::EndToEnd {
-                batch: 100,
-                pace_pct: 50,
-            },
-            Kind::EndToEnd {
-                batch: 100,
-                pace_pct: 25,
-            },
-        ] {
+        ];
+        let mut paced = o.paced.clone();
+        paced.sort_unstable();
+        paced.dedup();
+        kinds.extend(paced.into_iter().map(|pace_pct| Kind::EndToEnd {
+            batch: scenario::paced_push_batch(pace_pct),
+            pace_pct,
+        }));
+        if o.wakeups > 0 {
+            kinds.push(Kind::Wakeup);
+        }
+        for kind in kinds {
             out.push(Scenario {
                 kind,
                 partitions,
@@ -446,6 +471,7 @@ async fn run_on(
         profile: o.profile,
         consumers: o.consumers,
         prefill: o.prefill,
+        wakeups: o.wakeups,
     };
     if o.suites.contains(&Suite::Spool) && !server.can_stop() {
         eprintln!(
@@ -509,6 +535,7 @@ async fn run_on(
     let targets = results.targets(target_p);
     let spool_rows = results.spool_rows();
     let consume_rows = results.consume_rows();
+    let wakeup_rows = results.wakeup_rows();
     let mut header = String::new();
     header.push_str(&format!("command: {argv}\n"));
     header.push_str(&format!(
@@ -550,6 +577,12 @@ async fn run_on(
         println!("Consuming ({} consumers):", o.consumers);
         println!("{}", report::consume_table(&consume_rows));
     }
+    if !wakeup_rows.is_empty() {
+        println!(
+            "Long-poll wake-up (one consumer waiting on the empty queue, one message pushed):"
+        );
+        println!("{}", report::wakeup_table(&wakeup_rows));
+    }
     println!("Targets (medians of per-round ratios, same run):");
     println!("{}", report::targets_text(&targets));
     if let Some(path) = &o.json {
@@ -566,10 +599,13 @@ async fn run_on(
                 "broker_env": o.broker_env,
                 "consumers": o.consumers,
                 "prefill": o.prefill,
+                "paced_pct": o.paced,
+                "wakeups": o.wakeups,
             },
             "summary": rows,
             "spool": spool_rows,
             "consuming": consume_rows,
+            "wakeup": wakeup_rows,
             "targets": targets,
             "measurements": results.all,
         });
@@ -637,6 +673,7 @@ mod tests {
         assert_eq!(o.dedup, vec![true, false]);
         assert_eq!(o.suites, vec![Suite::Push, Suite::Spool, Suite::Consume]);
         assert_eq!((o.consumers, o.prefill, o.baselines), (16, 300_000, true));
+        assert_eq!((o.paced.clone(), o.wakeups), (vec![5, 50], 50));
         let o = parse(&[
             "--suites",
             "spool,consume",
@@ -669,8 +706,9 @@ mod tests {
         let o = parse(&["--quick", "--rounds", "5"]).expect("parses");
         assert_eq!((o.rounds, o.partitions.clone()), (5, vec![100]));
         let p = plan(&o, true);
-        // push: 2 naive + 2 × (2 baselines + 2 batches); spool: 2 batches; consume: 4.
-        assert_eq!(p.len(), 2 + 2 * (2 + 2) + 2 + 4);
+        // push: 2 naive + 2 × (2 baselines + 2 batches); spool: 2 batches; consume: pop+ack,
+        // end-to-end, paced at 5 % and 50 %, wake-up.
+        assert_eq!(p.len(), 2 + 2 * (2 + 2) + 2 + 5);
         assert!(matches!(p[0].kind, Kind::Naive));
         assert!(matches!(p[2].kind, Kind::SegmentRows));
         assert!(matches!(p[4].kind, Kind::Broker { batch: 100 }));
@@ -683,11 +721,45 @@ mod tests {
                 pace_pct: 0
             }
         ));
+        assert!(matches!(
+            p[14].kind,
+            Kind::EndToEnd {
+                batch: 10,
+                pace_pct: 5
+            }
+        ));
+        assert!(matches!(
+            p[15].kind,
+            Kind::EndToEnd {
+                batch: 100,
+                pace_pct: 50
+            }
+        ));
+        assert!(matches!(p[16].kind, Kind::Wakeup));
         let only = parse(&["--quick", "--suites", "consume"]).expect("parses");
         assert_eq!(only.rounds, 2);
         let p = plan(&only, false);
-        assert_eq!(p.len(), 5, "the push-only scenario is added for the ratio");
+        assert_eq!(p.len(), 6, "the push-only scenario is added for the ratio");
         assert!(matches!(p[0].kind, Kind::Broker { batch: 100 }));
+        let rates = parse(&[
+            "--suites",
+            "consume",
+            "--paced",
+            "50,25,5,25",
+            "--wakeups",
+            "0",
+        ])
+        .expect("parses");
+        let paced: Vec<u32> = plan(&rates, true)
+            .iter()
+            .filter_map(|s| match s.kind {
+                Kind::EndToEnd { pace_pct, .. } if pace_pct > 0 => Some(pace_pct),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(paced, vec![5, 25, 50]);
+        assert!(!plan(&rates, true).iter().any(|s| s.kind == Kind::Wakeup));
+        assert!(parse(&["--paced", "0"]).is_err());
         assert!(!plan(&o, false)
             .iter()
             .any(|s| matches!(s.kind, Kind::Spool { .. })));

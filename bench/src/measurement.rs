@@ -58,6 +58,53 @@ pub enum Detail {
     Spool(SpoolDetail),
     /// [`crate::scenario::Kind::PopAck`] and [`crate::scenario::Kind::EndToEnd`].
     Consume(ConsumeDetail),
+    /// [`crate::scenario::Kind::Wakeup`].
+    Wakeup(WakeupDetail),
+}
+
+/// After the producers stop, the longest drain that still counts as "kept up".
+pub const KEPT_UP_DRAIN_SECS: f64 = 1.0;
+
+/// Percentiles of a latency, ms.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Latency {
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Highest.
+    pub max: f64,
+}
+
+impl Latency {
+    /// The percentiles of `samples` (NaN when empty).
+    pub fn of(samples: &mut [std::time::Duration]) -> Self {
+        Self {
+            p50: traffic::percentile_ms(samples, 50.0),
+            p90: traffic::percentile_ms(samples, 90.0),
+            p99: traffic::percentile_ms(samples, 99.0),
+            max: traffic::percentile_ms(samples, 100.0),
+        }
+    }
+}
+
+/// What the long-poll wake-up measurement found.
+#[derive(Clone, Debug, Serialize)]
+pub struct WakeupDetail {
+    /// Samples taken (push, then the waiting pop's answer).
+    pub samples: usize,
+    /// Pops that brought the pushed message.
+    pub woken: usize,
+    /// Pops answered before the push's answer reached the bench (counted as 0 ms).
+    pub before_push_answer: usize,
+    /// Push answered → pop answered.
+    pub wake_ms: Latency,
+    /// Push sent → pop answered.
+    pub from_push_sent_ms: Latency,
+    /// Push request latency.
+    pub push_ms: Latency,
 }
 
 /// What the spool scenario measured besides the buffered window (the main figures).
@@ -129,8 +176,8 @@ pub struct ConsumeDetail {
     pub cycle_ms: (f64, f64),
     /// Push request latency, ms (p50, p99), end-to-end only.
     pub push_ms: Option<(f64, f64)>,
-    /// Push answered `queued` → pop answered, ms (p50, p99, max), end-to-end only.
-    pub end_to_end_ms: Option<(f64, f64, f64)>,
+    /// Push answered `queued` → pop answered, end-to-end only.
+    pub end_to_end_ms: Option<Latency>,
     /// Messages whose pop was answered before their push's answer reached the producer
     /// (counted as 0 ms).
     pub popped_before_push_answer: u64,
@@ -142,6 +189,10 @@ pub struct ConsumeDetail {
     pub backlog_at_end: i64,
     /// Seconds the consumers took to drain after the producers stopped (end-to-end).
     pub drain_secs: f64,
+    /// End-to-end: every message answered `queued` was consumed exactly once, and what was
+    /// left when the producers stopped at the window's end was consumed within
+    /// [`KEPT_UP_DRAIN_SECS`] (the consumers kept up with the producers).
+    pub kept_up: Option<bool>,
     /// Messages consumed over the whole run (priming included).
     pub consumed_total: u64,
     /// Sum of queue mode's committed offsets (PostgreSQL's view of the same).

@@ -288,7 +288,7 @@ pub async fn run(
             m.verified = stored as u64 == o.stats.total_msgs;
             m
         }
-        Kind::Spool { .. } | Kind::PopAck { .. } | Kind::EndToEnd { .. } => {
+        Kind::Spool { .. } | Kind::PopAck { .. } | Kind::EndToEnd { .. } | Kind::Wakeup => {
             conn.close().await?;
             return Err(format!("{} is not a push scenario", scenario.label()).into());
         }

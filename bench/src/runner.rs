@@ -72,6 +72,15 @@ async fn run_in(
             };
             consume::end_to_end(server, params, run, batch, pace).await
         }
+        Kind::Wakeup => {
+            let run = consume::Run {
+                scenario,
+                round,
+                url,
+                profiled,
+            };
+            consume::wakeup(server, params, run).await
+        }
         Kind::Broker { .. } | Kind::SegmentRows | Kind::SegmentTxn | Kind::Naive => {
             push::run(server, params, scenario, round, url, profiled).await
         }

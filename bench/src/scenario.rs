@@ -33,14 +33,32 @@ pub enum Kind {
         /// Messages per pop.
         batch: usize,
     },
-    /// Producers (push `batch`) and consumers (long-poll pop `batch` + ack batch) together.
+    /// Producers (push `batch`) and consumers (long-poll pop [`POP_BATCH`] + ack batch)
+    /// together.
     EndToEnd {
-        /// Items per push and messages per pop.
+        /// Items per push.
         batch: usize,
         /// 0: producers push as fast as they are answered; else they offer this percentage of
         /// the same round's push-only rate (batch `batch`), on a fixed schedule.
         pace_pct: u32,
     },
+    /// Long-poll wake-up: one consumer waits (`wait=true`) on the empty queue, one message is
+    /// pushed; push answered → pop answered, [`Params::wakeups`] times.
+    Wakeup,
+}
+
+/// Messages per pop of the consuming scenarios.
+pub const POP_BATCH: usize = 100;
+
+/// Items per push of a paced end-to-end run offering `pace_pct` % of push-only: 100, but 10
+/// below 10 %, so that each producer still pushes several times a second (64 producers at 5 %
+/// of 100k msg/s: one request of 10 every 128 ms each, instead of one of 100 every 1.3 s).
+pub fn paced_push_batch(pace_pct: u32) -> usize {
+    if pace_pct < 10 {
+        10
+    } else {
+        100
+    }
 }
 
 /// A workload: what, on how many partitions, dedup on or off.
@@ -69,8 +87,9 @@ impl Scenario {
                 format!("end-to-end push+pop+ack, batch {batch}, P={p}, dedup {d}")
             }
             Kind::EndToEnd { batch, pace_pct } => format!(
-                "end-to-end, producers paced at {pace_pct}% of push-only, batch {batch}, P={p}, dedup {d}"
+                "end-to-end, producers paced at {pace_pct}% of push-only, push batch {batch}, P={p}, dedup {d}"
             ),
+            Kind::Wakeup => format!("long-poll wake-up, P={p}, dedup {d}"),
             Kind::SegmentRows => format!("(1) segment rows by SQL, P={p}, dedup {d}"),
             Kind::SegmentTxn => format!("(1+) broker's txn by SQL, P={p}, dedup {d}"),
             Kind::Naive if self.dedup => format!("(2) naive + unique index, P={p}"),
@@ -105,6 +124,8 @@ pub struct Params {
     pub consumers: usize,
     /// Messages pushed before the pop+ack window.
     pub prefill: u64,
+    /// Long-poll wake-up samples per round.
+    pub wakeups: usize,
 }
 
 /// Prints how long a setup step took (with `--verbose`).
