@@ -10,6 +10,7 @@
 //! This crate never speaks HTTP or SQL: PostgreSQL is reached only through `SegmentStore`,
 //! which the broker implements in `src/storage` and tests may fake.
 
+pub mod codec;
 pub mod committer;
 pub mod error;
 pub mod message;
