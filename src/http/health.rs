@@ -1,17 +1,15 @@
 //! `GET /health` (readiness: a real database round trip) and `GET /health/live` (liveness:
 //! never touches the database, so a probe wired to it does not kill a broker that is spooling).
 
-use std::time::Duration;
-
 use actix_web::{web, HttpResponse};
 use serde_json::json;
 
 use crate::app::AppState;
 
-/// Readiness: 200 when `SELECT 1` answers within two seconds, else 503.
+/// Readiness: 200 when `SELECT 1` answers within `QUEEN_HEALTH_TIMEOUT_MS` (2 s), else 503.
 pub async fn health(state: web::Data<AppState>) -> HttpResponse {
     let round_trip = tokio::time::timeout(
-        Duration::from_secs(2),
+        state.settings.health_timeout,
         sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&state.pool),
     )
     .await;
