@@ -194,29 +194,34 @@ variables! {
     QUEEN_DEDUP_SWEEP_MS, "queen_dedup_sweep_ms", Value("60000"), Millis, "interval of the expired dedup-key sweep";
     RETENTION_INTERVAL, "retention_interval", Value("300000"), Millis, "interval of the retention sweep (docs/operations.md)";
     RETENTION_BATCH_SIZE, "retention_batch_size", Value("1000"), Count, "segments one retention statement removes at most";
-    JWT_ENABLED, "jwt_enabled", Value("false"), Bool, "require a bearer JWT; see docs/operations.md";
-    JWT_ALGORITHM, "jwt_algorithm", Value("HS256"), Choice(super::ALGORITHMS), "which signatures are accepted; `auto` picks by the token's header";
+    JWT_ENABLED, "jwt_enabled", Value("false"), Bool, "require a bearer JWT on every route but the skip paths";
+    JWT_ALGORITHM, "jwt_algorithm", Value("HS256"), Choice(super::ALGORITHMS), "which signatures are accepted (any case); `auto` goes by each token's header";
     JWT_SECRET, "jwt_secret", Absent(""), Secret, "HS256 shared secret";
-    JWT_PUBLIC_KEY, "jwt_public_key", Absent(""), Text, "RS256/EdDSA public key, PEM text (wins over `JWT_JWKS_URL`)";
-    JWT_JWKS_URL, "jwt_jwks_url", Absent(""), Url(&["http://", "https://"]), "RS256/EdDSA key set URL";
+    JWT_PUBLIC_KEY, "jwt_public_key", Absent(""), Text, "RSA or Ed25519 public key, PEM; wins over `JWT_JWKS_URL`";
+    JWT_JWKS_URL, "jwt_jwks_url", Absent(""), Url(&["http://", "https://"]), "URL of a JWKS, whose RSA or Ed25519 keys are chosen by the token's `kid`";
     JWT_JWKS_REFRESH_INTERVAL, "jwt_jwks_refresh_interval", Value("3600"), Seconds, "a fetched key set is used this long before it is fetched again";
     JWT_JWKS_TIMEOUT_MS, "jwt_jwks_timeout_ms", Value("5000"), Millis, "key set fetch timeout";
-    JWT_ISSUER, "jwt_issuer", Absent("not checked"), Text, "required `iss` claim";
-    JWT_AUDIENCE, "jwt_audience", Absent("not checked"), Text, "required `aud` member";
+    JWT_ISSUER, "jwt_issuer", Absent("not checked"), Text, "when set, `iss` must be present and equal";
+    JWT_AUDIENCE, "jwt_audience", Absent("not checked"), Text, "when set, `aud` must be present and contain it";
     JWT_CLOCK_SKEW, "jwt_clock_skew", Value("30"), SecondsOrZero, "leeway for `exp`, `nbf` and `iat`";
     JWT_SKIP_PATHS, "jwt_skip_paths", Value(super::DEFAULT_SKIP_PATHS), List, "paths served without a token";
     JWT_ROLES_CLAIM, "jwt_roles_claim", Value("role"), Text, "string claim holding one role";
-    JWT_ROLES_ARRAY_CLAIM, "jwt_roles_array_claim", Value("roles"), Text, "string-array claim holding roles";
+    JWT_ROLES_ARRAY_CLAIM, "jwt_roles_array_claim", Value("roles"), Text, "string-array claim holding several roles";
     JWT_ROLE_ADMIN, "jwt_role_admin", Value("admin"), Text, "role value of operators";
     JWT_ROLE_READ_WRITE, "jwt_role_read_write", Value("read-write"), Text, "role value of producers and consumers";
-    JWT_ROLE_READ_ONLY, "jwt_role_read_only", Value("read-only"), Text, "role value of read-only viewers";
-    JWT_ROLE_WRITE_ONLY, "jwt_role_write_only", Value("write-only"), Text, "role value that may only push";
+    JWT_ROLE_READ_ONLY, "jwt_role_read_only", Value("read-only"), Text, "role value of dashboards and viewers";
+    JWT_ROLE_WRITE_ONLY, "jwt_role_write_only", Value("write-only"), Text, "role value that may only push (ours; Queen has no such role)";
 }
 
 /// [`VARIABLES`] as a Markdown table (the README's configuration table).
 pub fn markdown_table() -> String {
+    markdown_table_of(|_| true)
+}
+
+/// The rows of [`VARIABLES`] that `keep` keeps, as a Markdown table.
+pub fn markdown_table_of(keep: impl Fn(&Variable) -> bool) -> String {
     let mut out = String::from("| Variable | Default | Meaning |\n| --- | --- | --- |\n");
-    for v in VARIABLES {
+    for v in VARIABLES.iter().filter(|v| keep(v)) {
         let default = match v.default {
             Fallback::Value(value) => format!("`{value}`{}", v.kind.unit()),
             Fallback::Absent(_) => v.default_text(),
@@ -968,20 +973,42 @@ mod tests {
         }
     }
 
+    /// What a document holds between `<!-- {marker}: begin -->` and `<!-- {marker}: end -->`.
+    fn generated<'a>(doc: &'a str, marker: &str) -> &'a str {
+        let begin = format!("<!-- {marker}: begin -->\n");
+        let end = format!("<!-- {marker}: end -->");
+        let start = doc.find(&begin).expect("begin marker") + begin.len();
+        let stop = doc[start..].find(&end).expect("end marker") + start;
+        &doc[start..stop]
+    }
+
     #[test]
     fn the_readme_configuration_table_is_the_settings_table() {
-        let readme = include_str!("../README.md");
-        let begin = "<!-- settings table: begin -->\n";
-        let end = "<!-- settings table: end -->";
-        let start = readme.find(begin).expect("README has the begin marker") + begin.len();
-        let stop = readme[start..]
-            .find(end)
-            .expect("README has the end marker")
-            + start;
         let table = markdown_table();
         assert!(
-            readme[start..stop] == table,
+            generated(include_str!("../README.md"), "settings table") == table,
             "README.md's configuration table is out of date; put this between the markers:\n{table}"
+        );
+    }
+
+    #[test]
+    fn the_operations_guide_authentication_table_is_the_settings_table() {
+        let table = markdown_table_of(|v| v.name.starts_with("JWT_"));
+        assert!(
+            generated(
+                include_str!("../docs/operations.md"),
+                "settings table JWT_*"
+            ) == table,
+            "docs/operations.md's JWT table is out of date; put this between the markers:\n{table}"
+        );
+    }
+
+    #[test]
+    fn the_operations_guide_interval_table_is_the_settings_table() {
+        let table = markdown_table_of(|v| v.name.starts_with("QUEEN_") && v.kind == Kind::Millis);
+        assert!(
+            generated(include_str!("../docs/operations.md"), "settings table QUEEN_*_MS") == table,
+            "docs/operations.md's interval table is out of date; put this between the markers:\n{table}"
         );
     }
 
