@@ -213,12 +213,14 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         settings.commit_timeout,
     );
     let replay_state = spool_state.clone();
+    let (replay_every, replay_backoff) = (settings.replay_every, settings.replay_backoff);
     Replayer::start_in_arbiter(&committer_arbiter.handle(), move |_| {
         Replayer::new(
             replay_store,
             spool_actor,
             replay_state,
-            Duration::from_millis(250),
+            replay_every,
+            replay_backoff,
         )
     });
 
@@ -240,8 +242,16 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         spool_state.set_maintenance(push);
         flags.set_pop_maintenance(pop);
     }
-    actix_web::rt::spawn(poll_flags(pool.clone(), spool_state.clone(), flags.clone()));
-    actix_web::rt::spawn(report_spool(spool_state.clone()));
+    actix_web::rt::spawn(poll_flags(
+        pool.clone(),
+        spool_state.clone(),
+        flags.clone(),
+        settings.clone(),
+    ));
+    actix_web::rt::spawn(report_spool(
+        spool_state.clone(),
+        settings.spool_report_every,
+    ));
 
     actix_web::rt::spawn(storage::dedup::sweep_loop(
         pool.clone(),
@@ -329,13 +339,18 @@ fn defer_migrations(pool: &PgPool, target: &str, reason: &str) {
 
 /// Follows the maintenance flags stored in PostgreSQL (every broker on the database sees the
 /// same); keeps the last known state while the database is away.
-async fn poll_flags(pool: PgPool, spool: Arc<SpoolState>, flags: Arc<Flags>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+async fn poll_flags(
+    pool: PgPool,
+    spool: Arc<SpoolState>,
+    flags: Arc<Flags>,
+    settings: Arc<Settings>,
+) {
+    let mut tick = tokio::time::interval(settings.flag_poll_every);
     loop {
         tick.tick().await;
         let generation = flags.generation();
         if let Ok(Ok((push, pop))) =
-            tokio::time::timeout(Duration::from_secs(2), read_flags(&pool)).await
+            tokio::time::timeout(settings.flag_read_timeout, read_flags(&pool)).await
         {
             // A local change after the read started wins until the next poll.
             if flags.generation() == generation {
@@ -354,8 +369,7 @@ async fn poll_flags(pool: PgPool, spool: Arc<SpoolState>, flags: Arc<Flags>) {
 
 /// Logs spool depth, replay rate and how long PostgreSQL has been unreachable, while any of
 /// them is worth saying.
-async fn report_spool(spool: Arc<SpoolState>) {
-    let every = Duration::from_secs(10);
+async fn report_spool(spool: Arc<SpoolState>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     let mut replayed_before = spool.replayed();
     loop {

@@ -1,6 +1,9 @@
 //! Settings: Queen's environment variables first, then an optional TOML file in `config/`.
 //!
-//! Every variable the broker reads is listed in [`VARIABLES`], the one table of names. A value
+//! [`VARIABLES`] is the one table of settings: each entry has the variable's name, its TOML key,
+//! its default, what it means and how its value is read ([`Kind`]). The parser reads every value
+//! through its entry (the constants in [`var`]), [`markdown_table`] renders the table for the
+//! README (a test keeps the README current), and the same plain data can feed `--help`. A value
 //! that does not parse stops the start with a message naming the variable. Secrets are redacted
 //! in `Debug` output.
 
@@ -9,141 +12,237 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Every environment variable the broker reads, with its meaning (also the TOML keys, lower case).
-pub const VARIABLES: &[(&str, &str)] = &[
-    ("HOST", "bind address (default 0.0.0.0)"),
-    ("PORT", "HTTP port (default 6632)"),
-    (
-        "DATABASE_URL",
-        "PostgreSQL URL; wins over the PG_* variables",
-    ),
-    ("PG_HOST", "PostgreSQL host (default localhost)"),
-    ("PG_PORT", "PostgreSQL port (default 5432)"),
-    ("PG_USER", "PostgreSQL user (default postgres)"),
-    ("PG_PASSWORD", "PostgreSQL password (default postgres)"),
-    ("PG_DB", "PostgreSQL database (default postgres)"),
-    (
-        "DB_POOL_SIZE",
-        "connections of the shared pool (default 20)",
-    ),
-    (
-        "DB_STATEMENT_TIMEOUT",
-        "statement timeout in ms (default 30000)",
-    ),
-    ("DB_LOCK_TIMEOUT", "lock timeout in ms (default 10000)"),
-    (
-        "DB_CONNECTION_TIMEOUT",
-        "connect timeout in ms (default 2000)",
-    ),
-    (
-        "QUEEN_MAX_BODY_BYTES",
-        "largest accepted request body (default 67108864)",
-    ),
-    (
-        "QUEEN_COMMITTERS",
-        "committer actors, each with its own connection (default 2)",
-    ),
-    (
-        "QUEEN_MAX_INFLIGHT_BYTES",
-        "request bytes held in the write path before 503 (default 268435456)",
-    ),
-    (
-        "QUEEN_PARTITION_MAX_PENDING",
-        "items waiting in one partition before 503 (default 100000)",
-    ),
-    (
-        "QUEEN_PARTITION_IDLE_MS",
-        "an idle partition actor stops after this (default 30000)",
-    ),
-    (
-        "QUEEN_DEDUP_SWEEP_MS",
-        "interval of the expired dedup-key sweep (default 60000)",
-    ),
-    (
-        "RETENTION_INTERVAL",
-        "interval of the retention sweep in ms (default 300000)",
-    ),
-    (
-        "RETENTION_BATCH_SIZE",
-        "segments one retention statement removes at most (default 1000)",
-    ),
-    (
-        "QUEEN_PRIVATE_PG_DIR",
-        "data folder of the private PostgreSQL (default .queen/postgres)",
-    ),
-    (
-        "FILE_BUFFER_DIR",
-        "spool directory (default /var/lib/queen/buffers)",
-    ),
-    (
-        "NUM_WORKERS",
-        "HTTP worker threads (default: number of cores)",
-    ),
-    (
-        "LOG_LEVEL",
-        "trace, debug, info, warn or error (default info)",
-    ),
-    (
-        "QUEEN_CONFIG",
-        "path of the TOML file (default config/queen.toml when present)",
-    ),
-    (
-        "JWT_ENABLED",
-        "require a bearer JWT (true or false, default false)",
-    ),
-    (
-        "JWT_ALGORITHM",
-        "HS256, RS256, EdDSA or auto (default HS256)",
-    ),
-    (
-        "JWT_SECRET",
-        "HS256 shared secret (secret; redacted in logs)",
-    ),
-    (
-        "JWT_PUBLIC_KEY",
-        "RS256/EdDSA public key, PEM text (wins over JWT_JWKS_URL)",
-    ),
-    ("JWT_JWKS_URL", "RS256/EdDSA key set URL (http or https)"),
-    (
-        "JWT_JWKS_REFRESH_INTERVAL",
-        "seconds a fetched key set is used before refetching (default 3600)",
-    ),
-    (
-        "JWT_JWKS_TIMEOUT_MS",
-        "key set fetch timeout in ms (default 5000)",
-    ),
-    ("JWT_ISSUER", "required iss claim (default: not checked)"),
-    ("JWT_AUDIENCE", "required aud member (default: not checked)"),
-    (
-        "JWT_CLOCK_SKEW",
-        "leeway in seconds for exp, nbf and iat (default 30)",
-    ),
-    (
-        "JWT_SKIP_PATHS",
-        "paths served without a token (default /health,/metrics/prometheus,/metrics,/)",
-    ),
-    (
-        "JWT_ROLES_CLAIM",
-        "string claim holding one role (default role)",
-    ),
-    (
-        "JWT_ROLES_ARRAY_CLAIM",
-        "string-array claim holding roles (default roles)",
-    ),
-    ("JWT_ROLE_ADMIN", "role value of operators (default admin)"),
-    (
-        "JWT_ROLE_READ_WRITE",
-        "role value of producers and consumers (default read-write)",
-    ),
-    (
-        "JWT_ROLE_READ_ONLY",
-        "role value of read-only viewers (default read-only)",
-    ),
-    (
-        "JWT_ROLE_WRITE_ONLY",
-        "role value that may only push (default write-only)",
-    ),
-];
+/// How a variable's value is read, and what the documentation says about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Any text.
+    Text,
+    /// Any text that must not be logged.
+    Secret,
+    /// A file or directory path.
+    Path,
+    /// A TCP port, 0-65535.
+    Port,
+    /// A positive integer.
+    Count,
+    /// A positive number of milliseconds.
+    Millis,
+    /// A positive number of seconds.
+    Seconds,
+    /// A number of seconds, 0 or more.
+    SecondsOrZero,
+    /// `true` or `false`, any case.
+    Bool,
+    /// One of these words, any case.
+    Choice(&'static [&'static str]),
+    /// Comma-separated values.
+    List,
+    /// A URL starting with one of these prefixes.
+    Url(&'static [&'static str]),
+}
+
+impl Kind {
+    /// What a value must look like, as said when it does not.
+    pub fn expected(self) -> String {
+        match self {
+            Kind::Text | Kind::Secret | Kind::Path | Kind::List => "expected text".into(),
+            Kind::Port => "expected a port number (0-65535)".into(),
+            Kind::Count | Kind::Millis | Kind::Seconds => "expected a positive integer".into(),
+            Kind::SecondsOrZero => "expected a number of seconds (0 or more)".into(),
+            Kind::Bool => "expected true or false".into(),
+            Kind::Choice(words) => format!("expected {}", or_list(words, "")),
+            Kind::Url(prefixes) => format!("expected a {} URL", or_list(prefixes, "")),
+        }
+    }
+
+    /// The unit written after a default in the documentation.
+    fn unit(self) -> &'static str {
+        match self {
+            Kind::Millis => " ms",
+            Kind::Seconds | Kind::SecondsOrZero => " s",
+            _ => "",
+        }
+    }
+}
+
+/// `a, b or c`, each word wrapped in `quote`.
+fn or_list(words: &[&str], quote: &str) -> String {
+    let quoted: Vec<String> = words.iter().map(|w| format!("{quote}{w}{quote}")).collect();
+    match quoted.split_last() {
+        None => String::new(),
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+    }
+}
+
+/// What an unset variable means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    /// This value, read exactly as if it had been given.
+    Value(&'static str),
+    /// No value; the text says what that means (empty: nothing to say).
+    Absent(&'static str),
+}
+
+impl Fallback {
+    /// The default value, if there is one.
+    pub fn value(self) -> Option<&'static str> {
+        match self {
+            Fallback::Value(v) => Some(v),
+            Fallback::Absent(_) => None,
+        }
+    }
+}
+
+/// One row of [`VARIABLES`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Variable {
+    /// Environment variable name (Queen's).
+    pub name: &'static str,
+    /// Key in the TOML file (matched in any case), or `None` for the environment only.
+    pub toml: Option<&'static str>,
+    /// What an unset variable means.
+    pub default: Fallback,
+    /// How the value is read.
+    pub kind: Kind,
+    /// What it means, one line.
+    pub help: &'static str,
+}
+
+impl Variable {
+    /// The default as documentation text (`—` when there is nothing to say).
+    pub fn default_text(&self) -> String {
+        match self.default {
+            Fallback::Value(v) => format!("{v}{}", self.kind.unit()),
+            Fallback::Absent("") => "—".into(),
+            Fallback::Absent(text) => text.into(),
+        }
+    }
+}
+
+macro_rules! toml_key {
+    (-) => {
+        None
+    };
+    ($key:literal) => {
+        Some($key)
+    };
+}
+
+macro_rules! variables {
+    ($($name:ident, $toml:tt, $default:expr, $kind:expr, $help:literal;)*) => {
+        /// Every variable as a constant: what the parser reads through.
+        pub mod var {
+            use super::{Fallback::*, Kind::*, Variable};
+            $(
+                #[doc = $help]
+                pub const $name: Variable = Variable {
+                    name: stringify!($name),
+                    toml: toml_key!($toml),
+                    default: $default,
+                    kind: $kind,
+                    help: $help,
+                };
+            )*
+        }
+
+        /// Every setting the broker reads, in documentation order.
+        pub const VARIABLES: &[Variable] = &[$(var::$name),*];
+    };
+}
+
+const LOG_LEVELS: &[&str] = &["trace", "debug", "info", "warn", "error", "off"];
+const ALGORITHMS: &[&str] = &["HS256", "RS256", "EdDSA", "auto"];
+
+/// The default of `JWT_SKIP_PATHS`.
+pub const DEFAULT_SKIP_PATHS: &str = "/health,/metrics/prometheus,/metrics,/";
+
+// name, TOML key (- for none), default, kind, meaning.
+variables! {
+    HOST, "host", Value("0.0.0.0"), Text, "bind address of the HTTP listener";
+    PORT, "port", Value("6632"), Port, "HTTP port (0 picks a free one)";
+    NUM_WORKERS, "num_workers", Absent("number of cores"), Count, "HTTP worker threads";
+    QUEEN_MAX_BODY_BYTES, "queen_max_body_bytes", Value("67108864"), Count, "larger request bodies get 413";
+    QUEEN_MAX_INFLIGHT_BYTES, "queen_max_inflight_bytes", Value("268435456"), Count, "request bytes held by the write path before 503 + `Retry-After`";
+    LOG_LEVEL, "log_level", Value("info"), Choice(super::LOG_LEVELS), "log level; `RUST_LOG` refines it";
+    QUEEN_CONFIG, -, Absent("`config/queen.toml` when present"), Path, "the TOML file read under the environment";
+    DATABASE_URL, "database_url", Absent(""), Url(&["postgres://", "postgresql://"]), "PostgreSQL URL; wins over the `PG_*` variables";
+    PG_HOST, "pg_host", Value("localhost"), Text, "PostgreSQL host";
+    PG_PORT, "pg_port", Value("5432"), Port, "PostgreSQL port";
+    PG_USER, "pg_user", Value("postgres"), Text, "PostgreSQL user";
+    PG_PASSWORD, "pg_password", Value("postgres"), Secret, "PostgreSQL password";
+    PG_DB, "pg_db", Value("postgres"), Text, "PostgreSQL database";
+    DB_POOL_SIZE, "db_pool_size", Value("20"), Count, "connections of the shared pool (health, admin, background work)";
+    DB_STATEMENT_TIMEOUT, "db_statement_timeout", Value("30000"), Millis, "statement timeout of every session";
+    DB_LOCK_TIMEOUT, "db_lock_timeout", Value("10000"), Millis, "lock timeout of every session";
+    DB_CONNECTION_TIMEOUT, "db_connection_timeout", Value("2000"), Millis, "connect timeout";
+    QUEEN_PRIVATE_PG_DIR, "queen_private_pg_dir", Value(".queen/postgres"), Path, "data folder of the private PostgreSQL";
+    QUEEN_PRIVATE_PG_PROBE, "queen_private_pg_probe", Value("127.0.0.1:5432"), Text, "where a local PostgreSQL is looked for before a private one is started";
+    QUEEN_COMMITTERS, "queen_committers", Value("2"), Count, "committer actors, each with its own connection";
+    QUEEN_COMMITTER_SPILL_ITEMS, "queen_committer_spill_items", Value("256"), Count, "items one committer holds before the next starts a parallel transaction";
+    QUEEN_COMMIT_TIMEOUT_MS, "queen_commit_timeout_ms", Value("10000"), Millis, "a commit taking longer counts as PostgreSQL unreachable (its items are spooled)";
+    QUEEN_PARTITION_MAX_PENDING, "queen_partition_max_pending", Value("100000"), Count, "items waiting in one partition before 503";
+    QUEEN_PARTITION_IDLE_MS, "queen_partition_idle_ms", Value("30000"), Millis, "an idle partition actor stops after this";
+    FILE_BUFFER_DIR, "file_buffer_dir", Value("/var/lib/queen/buffers"), Path, "spool directory";
+    QUEEN_REPLAY_TICK_MS, "queen_replay_tick_ms", Value("250"), Millis, "how often the spool replayer looks for work";
+    QUEEN_REPLAY_BACKOFF_MS, "queen_replay_backoff_ms", Value("100"), Millis, "replay back-off base: after n failed rounds it waits base × 2^min(n, 4)";
+    QUEEN_SPOOL_REPORT_MS, "queen_spool_report_ms", Value("10000"), Millis, "interval of the `spool status` log line (logged while there is something to say)";
+    QUEEN_FLAG_POLL_MS, "queen_flag_poll_ms", Value("1000"), Millis, "how often the maintenance flags are read from PostgreSQL";
+    QUEEN_FLAG_READ_TIMEOUT_MS, "queen_flag_read_timeout_ms", Value("2000"), Millis, "longest one read of the flags may take (the last known flags stay)";
+    QUEEN_POP_RECHECK_MS, "queen_pop_recheck_ms", Value("1000"), Millis, "a waiting pop re-reads PostgreSQL at least this often (lease expiry, delayed messages)";
+    QUEEN_HEALTH_TIMEOUT_MS, "queen_health_timeout_ms", Value("2000"), Millis, "`GET /health` answers 503 when `SELECT 1` takes longer";
+    QUEEN_DEDUP_SWEEP_MS, "queen_dedup_sweep_ms", Value("60000"), Millis, "interval of the expired dedup-key sweep";
+    RETENTION_INTERVAL, "retention_interval", Value("300000"), Millis, "interval of the retention sweep (docs/operations.md)";
+    RETENTION_BATCH_SIZE, "retention_batch_size", Value("1000"), Count, "segments one retention statement removes at most";
+    JWT_ENABLED, "jwt_enabled", Value("false"), Bool, "require a bearer JWT on every route but the skip paths";
+    JWT_ALGORITHM, "jwt_algorithm", Value("HS256"), Choice(super::ALGORITHMS), "which signatures are accepted (any case); `auto` goes by each token's header";
+    JWT_SECRET, "jwt_secret", Absent(""), Secret, "HS256 shared secret";
+    JWT_PUBLIC_KEY, "jwt_public_key", Absent(""), Text, "RSA or Ed25519 public key, PEM; wins over `JWT_JWKS_URL`";
+    JWT_JWKS_URL, "jwt_jwks_url", Absent(""), Url(&["http://", "https://"]), "URL of a JWKS, whose RSA or Ed25519 keys are chosen by the token's `kid`";
+    JWT_JWKS_REFRESH_INTERVAL, "jwt_jwks_refresh_interval", Value("3600"), Seconds, "a fetched key set is used this long before it is fetched again";
+    JWT_JWKS_TIMEOUT_MS, "jwt_jwks_timeout_ms", Value("5000"), Millis, "key set fetch timeout";
+    JWT_ISSUER, "jwt_issuer", Absent("not checked"), Text, "when set, `iss` must be present and equal";
+    JWT_AUDIENCE, "jwt_audience", Absent("not checked"), Text, "when set, `aud` must be present and contain it";
+    JWT_CLOCK_SKEW, "jwt_clock_skew", Value("30"), SecondsOrZero, "leeway for `exp`, `nbf` and `iat`";
+    JWT_SKIP_PATHS, "jwt_skip_paths", Value(super::DEFAULT_SKIP_PATHS), List, "paths served without a token";
+    JWT_ROLES_CLAIM, "jwt_roles_claim", Value("role"), Text, "string claim holding one role";
+    JWT_ROLES_ARRAY_CLAIM, "jwt_roles_array_claim", Value("roles"), Text, "string-array claim holding several roles";
+    JWT_ROLE_ADMIN, "jwt_role_admin", Value("admin"), Text, "role value of operators";
+    JWT_ROLE_READ_WRITE, "jwt_role_read_write", Value("read-write"), Text, "role value of producers and consumers";
+    JWT_ROLE_READ_ONLY, "jwt_role_read_only", Value("read-only"), Text, "role value of dashboards and viewers";
+    JWT_ROLE_WRITE_ONLY, "jwt_role_write_only", Value("write-only"), Text, "role value that may only push (ours; Queen has no such role)";
+}
+
+/// [`VARIABLES`] as a Markdown table (the README's configuration table).
+pub fn markdown_table() -> String {
+    markdown_table_of(|_| true)
+}
+
+/// The rows of [`VARIABLES`] that `keep` keeps, as a Markdown table.
+pub fn markdown_table_of(keep: impl Fn(&Variable) -> bool) -> String {
+    let mut out = String::from("| Variable | Default | Meaning |\n| --- | --- | --- |\n");
+    for v in VARIABLES.iter().filter(|v| keep(v)) {
+        let default = match v.default {
+            Fallback::Value(value) => format!("`{value}`{}", v.kind.unit()),
+            Fallback::Absent(_) => v.default_text(),
+        };
+        let mut meaning = v.help.to_string();
+        match v.kind {
+            Kind::Choice(words) | Kind::Url(words) => {
+                meaning += &format!(" ({})", or_list(words, "`"));
+            }
+            Kind::Bool => meaning += " (`true` or `false`)",
+            Kind::List => meaning += " (comma-separated)",
+            Kind::Secret => meaning += "; secret, never logged",
+            _ => {}
+        }
+        if v.toml.is_none() {
+            meaning += "; environment only";
+        }
+        out += &format!("| `{}` | {default} | {meaning} |\n", v.name);
+    }
+    out
+}
 
 /// Where PostgreSQL is, as configured.
 #[derive(Clone, PartialEq, Eq)]
@@ -250,6 +349,20 @@ pub struct Settings {
     pub retention_every: Duration,
     /// Segments one retention statement removes at most.
     pub retention_batch: i64,
+    /// How often the spool replayer looks for work.
+    pub replay_every: Duration,
+    /// Base of the replay back-off after a failed round.
+    pub replay_backoff: Duration,
+    /// Interval of the spool status log line.
+    pub spool_report_every: Duration,
+    /// How often the maintenance flags are read from PostgreSQL.
+    pub flag_poll_every: Duration,
+    /// Longest one read of the flags may take.
+    pub flag_read_timeout: Duration,
+    /// A waiting pop re-reads PostgreSQL at least this often.
+    pub pop_recheck: Duration,
+    /// Longest the readiness check's `SELECT 1` may take.
+    pub health_timeout: Duration,
     /// Data folder of the private PostgreSQL.
     pub private_pg_dir: PathBuf,
     /// Where a local PostgreSQL is looked for before a private one is started.
@@ -358,9 +471,6 @@ impl fmt::Debug for JwtSettings {
     }
 }
 
-/// The default of `JWT_SKIP_PATHS`.
-pub const DEFAULT_SKIP_PATHS: &str = "/health,/metrics/prometheus,/metrics,/";
-
 /// A setting that could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
@@ -384,45 +494,165 @@ pub enum SettingsError {
     },
 }
 
-/// Raw values by variable name, from the environment over the config file.
+fn invalid(v: &Variable, value: &str, reason: &str) -> SettingsError {
+    SettingsError::Invalid {
+        name: v.name.to_string(),
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// The values given: the environment over the config file. Every read goes through a
+/// [`Variable`], which supplies the name, the TOML key, the default and the way to parse.
 struct Source {
-    values: HashMap<String, String>,
+    env: HashMap<String, String>,
+    /// The file's values by lower-case key.
+    file: HashMap<String, String>,
+    /// Names read so far (a test checks that the parser reads every row of the table).
+    read: std::cell::RefCell<Vec<&'static str>>,
 }
 
 impl Source {
-    fn get(&self, name: &str) -> Option<&str> {
-        self.values
-            .get(name)
+    /// The value given (the environment wins, even when empty), or `None` when unset or empty.
+    fn given(&self, v: &Variable) -> Option<&str> {
+        self.read.borrow_mut().push(v.name);
+        let from_file = || v.toml.and_then(|key| self.file.get(key));
+        self.env
+            .get(v.name)
+            .or_else(from_file)
             .map(String::as_str)
-            .filter(|v| !v.is_empty())
+            .filter(|value| !value.is_empty())
     }
 
-    fn parse<T: std::str::FromStr>(
-        &self,
-        name: &str,
-        default: T,
-        reason: &str,
-    ) -> Result<T, SettingsError> {
-        match self.get(name) {
-            None => Ok(default),
-            Some(raw) => raw.trim().parse().map_err(|_| SettingsError::Invalid {
-                name: name.to_string(),
-                value: raw.to_string(),
-                reason: reason.to_string(),
-            }),
+    /// The value given, else the table's default value.
+    fn raw(&self, v: &Variable) -> Option<&str> {
+        self.given(v).or(v.default.value())
+    }
+
+    /// The value, which the table must give a default for when it is required.
+    fn required(&self, v: &Variable) -> Result<&str, SettingsError> {
+        self.raw(v)
+            .ok_or_else(|| invalid(v, "", "no value given and no default"))
+    }
+
+    /// Text as given (not trimmed): `Text`, `Secret` and `Path` variables.
+    fn text(&self, v: &Variable) -> Option<String> {
+        debug_assert!(matches!(v.kind, Kind::Text | Kind::Secret | Kind::Path));
+        self.raw(v).map(str::to_string)
+    }
+
+    /// Text, trimmed, that has a default.
+    fn word(&self, v: &Variable) -> Result<String, SettingsError> {
+        debug_assert_eq!(v.kind, Kind::Text);
+        Ok(self.required(v)?.trim().to_string())
+    }
+
+    fn number<T: std::str::FromStr>(&self, v: &Variable, raw: &str) -> Result<T, SettingsError> {
+        raw.trim()
+            .parse()
+            .map_err(|_| invalid(v, raw, &v.kind.expected()))
+    }
+
+    fn port(&self, v: &Variable) -> Result<u16, SettingsError> {
+        debug_assert_eq!(v.kind, Kind::Port);
+        self.number(v, self.required(v)?)
+    }
+
+    /// A `Count`, `None` when unset without a default.
+    fn opt_count(&self, v: &Variable) -> Result<Option<u64>, SettingsError> {
+        debug_assert_eq!(v.kind, Kind::Count);
+        let Some(raw) = self.raw(v) else {
+            return Ok(None);
+        };
+        match self.number(v, raw)? {
+            0 => Err(invalid(v, raw, &v.kind.expected())),
+            n => Ok(Some(n)),
         }
     }
 
-    fn positive(&self, name: &str, default: u64) -> Result<u64, SettingsError> {
-        let value: u64 = self.parse(name, default, "expected a positive integer")?;
-        if value == 0 {
-            return Err(SettingsError::Invalid {
-                name: name.to_string(),
-                value: "0".into(),
-                reason: "expected a positive integer".into(),
-            });
+    fn count(&self, v: &Variable) -> Result<u64, SettingsError> {
+        self.opt_count(v)?
+            .ok_or_else(|| invalid(v, "", "no value given and no default"))
+    }
+
+    /// A `Millis`, `Seconds` or `SecondsOrZero` variable in its unit.
+    fn duration(&self, v: &Variable) -> Result<Duration, SettingsError> {
+        let raw = self.required(v)?;
+        let n: u64 = self.number(v, raw)?;
+        match v.kind {
+            Kind::Millis | Kind::Seconds if n == 0 => Err(invalid(v, raw, &v.kind.expected())),
+            Kind::Millis => Ok(Duration::from_millis(n)),
+            Kind::Seconds | Kind::SecondsOrZero => Ok(Duration::from_secs(n)),
+            _ => Err(invalid(v, raw, "not a duration setting")),
         }
-        Ok(value)
+    }
+
+    fn flag(&self, v: &Variable) -> Result<bool, SettingsError> {
+        debug_assert_eq!(v.kind, Kind::Bool);
+        let raw = self.required(v)?;
+        match raw.trim() {
+            t if t.eq_ignore_ascii_case("true") => Ok(true),
+            t if t.eq_ignore_ascii_case("false") => Ok(false),
+            _ => Err(invalid(v, raw.trim(), &v.kind.expected())),
+        }
+    }
+
+    /// The table's spelling of the word given (compared in any case).
+    fn choice(&self, v: &Variable) -> Result<&'static str, SettingsError> {
+        let raw = self.required(v)?;
+        let Kind::Choice(words) = v.kind else {
+            return Err(invalid(v, raw, "not a choice setting"));
+        };
+        words
+            .iter()
+            .find(|w| w.eq_ignore_ascii_case(raw.trim()))
+            .copied()
+            .ok_or_else(|| invalid(v, raw.trim(), &v.kind.expected()))
+    }
+
+    fn list(&self, v: &Variable) -> Vec<String> {
+        debug_assert_eq!(v.kind, Kind::List);
+        self.raw(v)
+            .unwrap_or("")
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// A URL, trimmed; the error shows it with its password redacted.
+    fn url(&self, v: &Variable) -> Result<Option<String>, SettingsError> {
+        let Some(raw) = self.raw(v) else {
+            return Ok(None);
+        };
+        let url = raw.trim();
+        match v.kind {
+            Kind::Url(prefixes) if prefixes.iter().any(|p| url.starts_with(p)) => {
+                Ok(Some(url.to_string()))
+            }
+            _ => Err(invalid(v, &redact_url(url), &v.kind.expected())),
+        }
+    }
+}
+
+impl Source {
+    /// The environment over the file it names (`QUEEN_CONFIG`, else `config/queen.toml` when
+    /// present).
+    fn new(env: HashMap<String, String>) -> Result<Self, SettingsError> {
+        let mut src = Source {
+            env,
+            file: HashMap::new(),
+            read: Default::default(),
+        };
+        let path = match src.given(&var::QUEEN_CONFIG) {
+            Some(path) => Some(PathBuf::from(path)),
+            None => Some(PathBuf::from("config/queen.toml")).filter(|p| p.exists()),
+        };
+        if let Some(path) = path {
+            src.file = read_toml(&path)?;
+        }
+        Ok(src)
     }
 }
 
@@ -444,133 +674,76 @@ impl Settings {
     ///
     /// [`SettingsError`] naming the variable whose value is unusable.
     pub fn from_map(env: HashMap<String, String>) -> Result<Self, SettingsError> {
-        let file = match env.get("QUEEN_CONFIG").filter(|p| !p.is_empty()) {
-            Some(path) => Some(PathBuf::from(path)),
-            None => Some(PathBuf::from("config/queen.toml")).filter(|p| p.exists()),
-        };
-        let mut values = match file {
-            Some(path) => read_toml(&path)?,
-            None => HashMap::new(),
-        };
-        values.extend(env);
-        let src = Source { values };
+        Self::from_source(&Source::new(env)?)
+    }
 
-        let database_url = src.get("DATABASE_URL").map(str::to_string);
-        let pg_names = ["PG_HOST", "PG_PORT", "PG_USER", "PG_PASSWORD", "PG_DB"];
+    fn from_source(src: &Source) -> Result<Self, SettingsError> {
+        use var::*;
+        let pg = [&PG_HOST, &PG_PORT, &PG_USER, &PG_PASSWORD, &PG_DB];
+        let database_url = src.url(&DATABASE_URL)?;
         let database_configured =
-            database_url.is_some() || pg_names.iter().any(|n| src.get(n).is_some());
+            database_url.is_some() || pg.iter().any(|v| src.given(v).is_some());
         let database = match database_url {
-            Some(url) => {
-                if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-                    return Err(SettingsError::Invalid {
-                        name: "DATABASE_URL".into(),
-                        value: redact_url(&url),
-                        reason: "expected a postgres:// URL".into(),
-                    });
-                }
-                Database::Url(url)
-            }
+            Some(url) => Database::Url(url),
             None => Database::Parts {
-                host: src.get("PG_HOST").unwrap_or("localhost").to_string(),
-                port: src.parse("PG_PORT", 5432u16, "expected a port number (1-65535)")?,
-                user: src.get("PG_USER").unwrap_or("postgres").to_string(),
-                password: src.get("PG_PASSWORD").unwrap_or("postgres").to_string(),
-                database: src.get("PG_DB").unwrap_or("postgres").to_string(),
+                host: src.required(&PG_HOST)?.to_string(),
+                port: src.port(&PG_PORT)?,
+                user: src.required(&PG_USER)?.to_string(),
+                password: src.required(&PG_PASSWORD)?.to_string(),
+                database: src.required(&PG_DB)?.to_string(),
             },
         };
-        let port: u16 = src.parse("PORT", 6632, "expected a port number (0-65535)")?;
-        let log_level = src.get("LOG_LEVEL").unwrap_or("info").to_ascii_lowercase();
-        if !["trace", "debug", "info", "warn", "error", "off"].contains(&log_level.as_str()) {
-            return Err(SettingsError::Invalid {
-                name: "LOG_LEVEL".into(),
-                value: log_level,
-                reason: "expected trace, debug, info, warn, error or off".into(),
-            });
-        }
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         Ok(Self {
-            host: src.get("HOST").unwrap_or("0.0.0.0").to_string(),
-            port,
+            host: src.required(&HOST)?.to_string(),
+            port: src.port(&PORT)?,
             database,
             database_configured,
-            db_pool_size: src.positive("DB_POOL_SIZE", 20)? as u32,
-            statement_timeout: Duration::from_millis(src.positive("DB_STATEMENT_TIMEOUT", 30_000)?),
-            lock_timeout: Duration::from_millis(src.positive("DB_LOCK_TIMEOUT", 10_000)?),
-            connect_timeout: Duration::from_millis(src.positive("DB_CONNECTION_TIMEOUT", 2_000)?),
-            max_body_bytes: src.positive("QUEEN_MAX_BODY_BYTES", 64 * 1024 * 1024)? as usize,
-            committers: src.positive("QUEEN_COMMITTERS", 2)? as usize,
-            committer_spill_items: src.positive("QUEEN_COMMITTER_SPILL_ITEMS", 256)? as usize,
-            commit_timeout: Duration::from_millis(src.positive("QUEEN_COMMIT_TIMEOUT_MS", 10_000)?),
-            max_inflight_bytes: src.positive("QUEEN_MAX_INFLIGHT_BYTES", 256 * 1024 * 1024)?
-                as usize,
-            partition_max_pending: src.positive("QUEEN_PARTITION_MAX_PENDING", 100_000)? as usize,
-            partition_idle: Duration::from_millis(src.positive("QUEEN_PARTITION_IDLE_MS", 30_000)?),
-            dedup_sweep_every: Duration::from_millis(src.positive("QUEEN_DEDUP_SWEEP_MS", 60_000)?),
-            retention_every: Duration::from_millis(src.positive("RETENTION_INTERVAL", 300_000)?),
-            retention_batch: src.positive("RETENTION_BATCH_SIZE", 1_000)? as i64,
-            private_pg_dir: PathBuf::from(
-                src.get("QUEEN_PRIVATE_PG_DIR").unwrap_or(".queen/postgres"),
-            ),
-            private_pg_probe: src
-                .get("QUEEN_PRIVATE_PG_PROBE")
-                .unwrap_or("127.0.0.1:5432")
-                .to_string(),
-            file_buffer_dir: PathBuf::from(
-                src.get("FILE_BUFFER_DIR")
-                    .unwrap_or("/var/lib/queen/buffers"),
-            ),
-            workers: src.positive("NUM_WORKERS", cores as u64)? as usize,
-            log_level,
-            jwt: jwt_settings(&src)?,
+            db_pool_size: src.count(&DB_POOL_SIZE)? as u32,
+            statement_timeout: src.duration(&DB_STATEMENT_TIMEOUT)?,
+            lock_timeout: src.duration(&DB_LOCK_TIMEOUT)?,
+            connect_timeout: src.duration(&DB_CONNECTION_TIMEOUT)?,
+            max_body_bytes: src.count(&QUEEN_MAX_BODY_BYTES)? as usize,
+            committers: src.count(&QUEEN_COMMITTERS)? as usize,
+            committer_spill_items: src.count(&QUEEN_COMMITTER_SPILL_ITEMS)? as usize,
+            commit_timeout: src.duration(&QUEEN_COMMIT_TIMEOUT_MS)?,
+            max_inflight_bytes: src.count(&QUEEN_MAX_INFLIGHT_BYTES)? as usize,
+            partition_max_pending: src.count(&QUEEN_PARTITION_MAX_PENDING)? as usize,
+            partition_idle: src.duration(&QUEEN_PARTITION_IDLE_MS)?,
+            dedup_sweep_every: src.duration(&QUEEN_DEDUP_SWEEP_MS)?,
+            retention_every: src.duration(&RETENTION_INTERVAL)?,
+            retention_batch: src.count(&RETENTION_BATCH_SIZE)? as i64,
+            replay_every: src.duration(&QUEEN_REPLAY_TICK_MS)?,
+            replay_backoff: src.duration(&QUEEN_REPLAY_BACKOFF_MS)?,
+            spool_report_every: src.duration(&QUEEN_SPOOL_REPORT_MS)?,
+            flag_poll_every: src.duration(&QUEEN_FLAG_POLL_MS)?,
+            flag_read_timeout: src.duration(&QUEEN_FLAG_READ_TIMEOUT_MS)?,
+            pop_recheck: src.duration(&QUEEN_POP_RECHECK_MS)?,
+            health_timeout: src.duration(&QUEEN_HEALTH_TIMEOUT_MS)?,
+            private_pg_dir: PathBuf::from(src.required(&QUEEN_PRIVATE_PG_DIR)?),
+            private_pg_probe: src.required(&QUEEN_PRIVATE_PG_PROBE)?.to_string(),
+            file_buffer_dir: PathBuf::from(src.required(&FILE_BUFFER_DIR)?),
+            workers: src.opt_count(&NUM_WORKERS)?.unwrap_or(cores as u64) as usize,
+            log_level: src.choice(&LOG_LEVEL)?.to_string(),
+            jwt: jwt_settings(src)?,
         })
-    }
-}
-
-fn invalid(name: &str, value: &str, reason: &str) -> SettingsError {
-    SettingsError::Invalid {
-        name: name.to_string(),
-        value: value.to_string(),
-        reason: reason.to_string(),
     }
 }
 
 /// Reads the `JWT_*` variables and checks that enabled auth has key material for its algorithm.
 fn jwt_settings(src: &Source) -> Result<JwtSettings, SettingsError> {
+    use var::*;
     // A security switch: anything but true/false stops the start rather than leaving auth off.
-    let enabled = match src.get("JWT_ENABLED").map(str::trim) {
-        None => false,
-        Some(v) if v.eq_ignore_ascii_case("true") => true,
-        Some(v) if v.eq_ignore_ascii_case("false") => false,
-        Some(v) => return Err(invalid("JWT_ENABLED", v, "expected true or false")),
+    let enabled = src.flag(&JWT_ENABLED)?;
+    let algorithm = match src.choice(&JWT_ALGORITHM)? {
+        "RS256" => JwtAlgorithm::Rs256,
+        "EdDSA" => JwtAlgorithm::EdDsa,
+        "auto" => JwtAlgorithm::Auto,
+        _ => JwtAlgorithm::Hs256,
     };
-    let algorithm = match src.get("JWT_ALGORITHM").map(str::trim) {
-        None => JwtAlgorithm::Hs256,
-        Some(v) if v.eq_ignore_ascii_case("HS256") => JwtAlgorithm::Hs256,
-        Some(v) if v.eq_ignore_ascii_case("RS256") => JwtAlgorithm::Rs256,
-        Some(v) if v.eq_ignore_ascii_case("EdDSA") => JwtAlgorithm::EdDsa,
-        Some(v) if v.eq_ignore_ascii_case("auto") => JwtAlgorithm::Auto,
-        Some(v) => {
-            return Err(invalid(
-                "JWT_ALGORITHM",
-                v,
-                "expected HS256, RS256, EdDSA or auto",
-            ))
-        }
-    };
-    let text = |name: &str| src.get(name).map(str::to_string);
-    let named = |name: &str, default: &str| src.get(name).unwrap_or(default).trim().to_string();
-    let secret = text("JWT_SECRET");
-    let public_key = text("JWT_PUBLIC_KEY");
-    let jwks_url = text("JWT_JWKS_URL").map(|u| u.trim().to_string());
-    if let Some(url) = &jwks_url {
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(invalid(
-                "JWT_JWKS_URL",
-                url,
-                "expected an http:// or https:// URL",
-            ));
-        }
-    }
+    let secret = src.text(&JWT_SECRET);
+    let public_key = src.text(&JWT_PUBLIC_KEY);
+    let jwks_url = src.url(&JWT_JWKS_URL)?;
     if enabled {
         let asymmetric = public_key.is_some() || jwks_url.is_some();
         let missing = match algorithm {
@@ -585,48 +758,37 @@ fn jwt_settings(src: &Source) -> Result<JwtSettings, SettingsError> {
         };
         if let Some(reason) = missing {
             return Err(invalid(
-                "JWT_ENABLED",
+                &JWT_ENABLED,
                 "true",
                 &format!("no key material: {reason}"),
             ));
         }
     }
-    let skip_paths = src
-        .get("JWT_SKIP_PATHS")
-        .unwrap_or(DEFAULT_SKIP_PATHS)
-        .split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .map(str::to_string)
-        .collect();
     Ok(JwtSettings {
         enabled,
         algorithm,
         secret,
         public_key,
         jwks_url,
-        jwks_refresh: Duration::from_secs(src.positive("JWT_JWKS_REFRESH_INTERVAL", 3600)?),
-        jwks_timeout: Duration::from_millis(src.positive("JWT_JWKS_TIMEOUT_MS", 5000)?),
-        issuer: text("JWT_ISSUER"),
-        audience: text("JWT_AUDIENCE"),
-        clock_skew_secs: src.parse(
-            "JWT_CLOCK_SKEW",
-            30u64,
-            "expected a number of seconds (0 or more)",
-        )?,
-        skip_paths,
-        roles_claim: named("JWT_ROLES_CLAIM", "role"),
-        roles_array_claim: named("JWT_ROLES_ARRAY_CLAIM", "roles"),
+        jwks_refresh: src.duration(&JWT_JWKS_REFRESH_INTERVAL)?,
+        jwks_timeout: src.duration(&JWT_JWKS_TIMEOUT_MS)?,
+        issuer: src.text(&JWT_ISSUER),
+        audience: src.text(&JWT_AUDIENCE),
+        clock_skew_secs: src.duration(&JWT_CLOCK_SKEW)?.as_secs(),
+        skip_paths: src.list(&JWT_SKIP_PATHS),
+        roles_claim: src.word(&JWT_ROLES_CLAIM)?,
+        roles_array_claim: src.word(&JWT_ROLES_ARRAY_CLAIM)?,
         role_names: RoleNames {
-            admin: named("JWT_ROLE_ADMIN", "admin"),
-            read_write: named("JWT_ROLE_READ_WRITE", "read-write"),
-            read_only: named("JWT_ROLE_READ_ONLY", "read-only"),
-            write_only: named("JWT_ROLE_WRITE_ONLY", "write-only"),
+            admin: src.word(&JWT_ROLE_ADMIN)?,
+            read_write: src.word(&JWT_ROLE_READ_WRITE)?,
+            read_only: src.word(&JWT_ROLE_READ_ONLY)?,
+            write_only: src.word(&JWT_ROLE_WRITE_ONLY)?,
         },
     })
 }
 
-/// Reads `KEY = value` pairs from a TOML file; keys may be written in lower case.
+/// Reads `key = value` pairs from a TOML file, by lower-case key (keys may be written in any
+/// case); a key that names no setting is ignored.
 fn read_toml(path: &Path) -> Result<HashMap<String, String>, SettingsError> {
     let fail = |reason: String| SettingsError::File {
         path: path.to_path_buf(),
@@ -645,7 +807,7 @@ fn read_toml(path: &Path) -> Result<HashMap<String, String>, SettingsError> {
             toml::Value::Float(f) => f.to_string(),
             other => return Err(fail(format!("key {key}: unsupported value {other}"))),
         };
-        values.insert(key.to_ascii_uppercase(), text);
+        values.insert(key.to_ascii_lowercase(), text);
     }
     Ok(values)
 }
@@ -781,5 +943,164 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("DB_POOL_SIZE"), "{err}");
+    }
+
+    #[test]
+    fn the_parser_reads_every_row_of_the_table_and_every_default_parses() {
+        let src = Source::new(env(&[])).unwrap();
+        Settings::from_source(&src).expect("the defaults parse");
+        let read = src.read.borrow();
+        for v in VARIABLES {
+            assert!(
+                read.contains(&v.name),
+                "{} is in the table but never read",
+                v.name
+            );
+        }
+    }
+
+    #[test]
+    fn the_table_is_well_formed() {
+        let mut names: Vec<&str> = VARIABLES.iter().map(|v| v.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), VARIABLES.len(), "a variable is listed twice");
+        for v in VARIABLES {
+            assert!(!v.help.trim().is_empty(), "{} has no meaning", v.name);
+            // The file's keys are the variables' names; only the file's own path is not a key.
+            let expected = (v.name != "QUEEN_CONFIG").then(|| v.name.to_ascii_lowercase());
+            assert_eq!(v.toml.map(str::to_string), expected, "{}", v.name);
+        }
+    }
+
+    /// What a document holds between `<!-- {marker}: begin -->` and `<!-- {marker}: end -->`.
+    fn generated<'a>(doc: &'a str, marker: &str) -> &'a str {
+        let begin = format!("<!-- {marker}: begin -->\n");
+        let end = format!("<!-- {marker}: end -->");
+        let start = doc.find(&begin).expect("begin marker") + begin.len();
+        let stop = doc[start..].find(&end).expect("end marker") + start;
+        &doc[start..stop]
+    }
+
+    #[test]
+    fn the_readme_configuration_table_is_the_settings_table() {
+        let table = markdown_table();
+        assert!(
+            generated(include_str!("../README.md"), "settings table") == table,
+            "README.md's configuration table is out of date; put this between the markers:\n{table}"
+        );
+    }
+
+    #[test]
+    fn the_operations_guide_authentication_table_is_the_settings_table() {
+        let table = markdown_table_of(|v| v.name.starts_with("JWT_"));
+        assert!(
+            generated(
+                include_str!("../docs/operations.md"),
+                "settings table JWT_*"
+            ) == table,
+            "docs/operations.md's JWT table is out of date; put this between the markers:\n{table}"
+        );
+    }
+
+    #[test]
+    fn the_operations_guide_interval_table_is_the_settings_table() {
+        let table = markdown_table_of(|v| v.name.starts_with("QUEEN_") && v.kind == Kind::Millis);
+        assert!(
+            generated(include_str!("../docs/operations.md"), "settings table QUEEN_*_MS") == table,
+            "docs/operations.md's interval table is out of date; put this between the markers:\n{table}"
+        );
+    }
+
+    #[test]
+    fn the_table_renders_defaults_with_units_and_notes() {
+        let table = markdown_table();
+        assert!(
+            table.contains("| `QUEEN_POP_RECHECK_MS` | `1000` ms |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| `JWT_JWKS_REFRESH_INTERVAL` | `3600` s |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| `NUM_WORKERS` | number of cores |"),
+            "{table}"
+        );
+        assert!(table.contains("| `DATABASE_URL` | — |"), "{table}");
+        assert!(
+            table.contains("`HS256`, `RS256`, `EdDSA` or `auto`"),
+            "{table}"
+        );
+        assert!(table.contains("; environment only"), "{table}");
+        assert_eq!(table.lines().count(), VARIABLES.len() + 2);
+    }
+
+    #[test]
+    fn intervals_default_to_what_was_hard_coded_and_can_be_set() {
+        let s = Settings::from_map(env(&[])).unwrap();
+        assert_eq!(s.flag_poll_every, Duration::from_secs(1));
+        assert_eq!(s.flag_read_timeout, Duration::from_secs(2));
+        assert_eq!(s.replay_every, Duration::from_millis(250));
+        assert_eq!(s.replay_backoff, Duration::from_millis(100));
+        assert_eq!(s.pop_recheck, Duration::from_secs(1));
+        assert_eq!(s.health_timeout, Duration::from_secs(2));
+        assert_eq!(s.spool_report_every, Duration::from_secs(10));
+        let s = Settings::from_map(env(&[
+            ("QUEEN_FLAG_POLL_MS", "20"),
+            ("QUEEN_FLAG_READ_TIMEOUT_MS", "21"),
+            ("QUEEN_REPLAY_TICK_MS", "22"),
+            ("QUEEN_REPLAY_BACKOFF_MS", "23"),
+            ("QUEEN_POP_RECHECK_MS", "24"),
+            ("QUEEN_HEALTH_TIMEOUT_MS", "25"),
+            ("QUEEN_SPOOL_REPORT_MS", "26"),
+        ]))
+        .unwrap();
+        let ms = Duration::from_millis;
+        assert_eq!(
+            [
+                s.flag_poll_every,
+                s.flag_read_timeout,
+                s.replay_every,
+                s.replay_backoff,
+                s.pop_recheck,
+                s.health_timeout,
+                s.spool_report_every
+            ],
+            [ms(20), ms(21), ms(22), ms(23), ms(24), ms(25), ms(26)]
+        );
+        let err = Settings::from_map(env(&[("QUEEN_POP_RECHECK_MS", "0")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("QUEEN_POP_RECHECK_MS"), "{err}");
+    }
+
+    #[test]
+    fn the_file_is_read_by_key_in_any_case_under_the_environment() {
+        let path = std::env::temp_dir().join(format!("queen-settings-{}.toml", std::process::id()));
+        std::fs::write(
+            &path,
+            "port = 7000\nQueen_Pop_Recheck_Ms = 40\nlog_level = \"debug\"\nunknown_key = 1\n",
+        )
+        .unwrap();
+        let mut vars = env(&[("LOG_LEVEL", "warn")]);
+        vars.insert("QUEEN_CONFIG".into(), path.display().to_string());
+        let s = Settings::from_map(vars.clone());
+        vars.insert("PORT".into(), String::new()); // set but empty: the default, not the file
+        let emptied = Settings::from_map(vars);
+        std::fs::remove_file(&path).unwrap();
+        let s = s.unwrap();
+        assert_eq!(s.port, 7000);
+        assert_eq!(s.pop_recheck, Duration::from_millis(40));
+        assert_eq!(s.log_level, "warn");
+        assert_eq!(emptied.unwrap().port, 6632);
+    }
+
+    #[test]
+    fn a_bad_url_is_named_with_its_password_redacted() {
+        let err = Settings::from_map(env(&[("DATABASE_URL", "mysql://u:pw@h/d")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("DATABASE_URL") && !err.contains("pw"), "{err}");
     }
 }

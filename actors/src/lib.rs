@@ -6,10 +6,13 @@
 //! - [`committer::Committer`]: merges ready segments of many partitions into one transaction
 //!   through a [`store::SegmentStore`].
 //! - [`spool`]: the disk spool that takes items whose commit failed, and replays them.
+//! - [`codec`]: the bytes of one item, shared by the spool's records and the broker's stored
+//!   segment frames.
 //!
 //! This crate never speaks HTTP or SQL: PostgreSQL is reached only through `SegmentStore`,
 //! which the broker implements in `src/storage` and tests may fake.
 
+pub mod codec;
 pub mod committer;
 pub mod error;
 pub mod message;

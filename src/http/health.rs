@@ -1,18 +1,16 @@
 //! `GET /health` (readiness: a real database round trip) and `GET /health/live` (liveness:
 //! never touches the database, so a probe wired to it does not kill a broker that is spooling).
 
-use std::time::Duration;
-
 use actix_web::{web, HttpResponse};
 use serde_json::json;
 
 use crate::state::AppState;
 use crate::storage::system;
 
-/// Readiness: 200 when `SELECT 1` answers within two seconds, else 503.
+/// Readiness: 200 when `SELECT 1` answers within `QUEEN_HEALTH_TIMEOUT_MS` (2 s), else 503.
 pub async fn health(state: web::Data<AppState>) -> HttpResponse {
     let round_trip =
-        tokio::time::timeout(Duration::from_secs(2), system::round_trip(&state.pool)).await;
+        tokio::time::timeout(state.settings.health_timeout, system::round_trip(&state.pool)).await;
     let healthy = matches!(round_trip, Ok(Ok(true)));
     let body = json!({
         "status": if healthy { "healthy" } else { "unhealthy" },

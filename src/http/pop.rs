@@ -26,9 +26,6 @@ use crate::wake::WakeKey;
 pub const DEFAULT_BATCH: usize = 1;
 /// `timeout` in ms when the query leaves it out (Queen's `DEFAULT_TIMEOUT`).
 pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
-/// A waiting pop re-reads PostgreSQL at least this often (lease expiry and delayed messages
-/// make messages available without a push).
-const RECHECK: Duration = Duration::from_millis(1_000);
 /// The query of the three pop routes, interpreted as Queen does (§1, §4.2).
 #[derive(Debug, Clone)]
 struct PopParams {
@@ -183,7 +180,9 @@ async fn serve(
         if !params.wait || now >= deadline {
             return Ok(HttpResponse::NoContent().finish());
         }
-        let _ = tokio::time::timeout((deadline - now).min(RECHECK), notified).await;
+        // Lease expiry and delayed messages make messages available without a push.
+        let recheck = state.settings.pop_recheck;
+        let _ = tokio::time::timeout((deadline - now).min(recheck), notified).await;
     }
 }
 

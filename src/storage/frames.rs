@@ -4,16 +4,17 @@
 //! segment := version:u8(=1) frame*
 //! frame   := id:[16] created_at_micros:i64le txn:str16 producer_sub:opt16 trace_id:opt16
 //!            payload_len:u32le payload
-//! str16   := len:u16le bytes          opt16 := len:u16le bytes | 0xFFFF (null)
 //! ```
-//! The payload bytes are the JSON text exactly as received. Lengths are bounded by validation
-//! (names ≤ 255 characters; payload ≤ the body limit), so the widths above always suffice.
+//! A frame is [`broker_actors::codec`]'s `item`, the bytes the spool's records hold too (`str16`
+//! and `opt16` are its length-prefixed strings). The payload bytes are the JSON text exactly as
+//! received. Lengths are bounded by validation (names ≤ 255 characters; payload ≤ the body
+//! limit), so the widths above always suffice.
 
+use broker_actors::codec::{self, ItemRef, Reader};
 use broker_actors::Item;
 use uuid::Uuid;
 
 const VERSION: u8 = 1;
-const NULL: u16 = u16::MAX;
 
 /// One decoded message, borrowing from the segment bytes.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,15 +40,7 @@ pub struct FrameError(&'static str);
 
 /// Bytes one item takes in a segment.
 pub fn encoded_len(item: &Item) -> usize {
-    16 + 8
-        + 2
-        + item.transaction_id.len()
-        + 2
-        + item.producer_sub.as_ref().map_or(0, String::len)
-        + 2
-        + item.trace_id.as_ref().map_or(0, String::len)
-        + 4
-        + item.payload.len()
+    codec::item_len(item)
 }
 
 /// Encodes items as one segment's frames.
@@ -56,27 +49,9 @@ pub fn encode<'a>(items: impl Iterator<Item = &'a Item> + Clone) -> Vec<u8> {
     let mut out = Vec::with_capacity(size);
     out.push(VERSION);
     for item in items {
-        out.extend_from_slice(item.message_id.as_bytes());
-        out.extend_from_slice(&item.arrived_at_micros.to_le_bytes());
-        put_str(&mut out, Some(&item.transaction_id));
-        put_str(&mut out, item.producer_sub.as_deref());
-        put_str(&mut out, item.trace_id.as_deref());
-        out.extend_from_slice(&(item.payload.len() as u32).to_le_bytes());
-        out.extend_from_slice(item.payload.as_bytes());
+        codec::put_item(&mut out, item);
     }
     out
-}
-
-fn put_str(out: &mut Vec<u8>, value: Option<&str>) {
-    match value {
-        None => out.extend_from_slice(&NULL.to_le_bytes()),
-        Some(s) => {
-            // Validation keeps these at ≤ 255 characters (≤ 1020 bytes).
-            let len = u16::try_from(s.len()).expect("validated string fits u16");
-            out.extend_from_slice(&len.to_le_bytes());
-            out.extend_from_slice(s.as_bytes());
-        }
-    }
 }
 
 /// Decodes every frame of a segment.
@@ -85,58 +60,27 @@ fn put_str(out: &mut Vec<u8>, value: Option<&str>) {
 ///
 /// [`FrameError`] when the bytes are not a segment written by [`encode`].
 pub fn decode(bytes: &[u8]) -> Result<Vec<Frame<'_>>, FrameError> {
-    let mut r = Reader { bytes, at: 0 };
-    if r.take(1)? != [VERSION] {
+    let mut r = Reader::new(bytes);
+    if r.u8().map_err(|e| FrameError(e.0))? != VERSION {
         return Err(FrameError("unknown version"));
     }
     let mut frames = Vec::new();
-    while r.at < bytes.len() {
-        let id = Uuid::from_slice(r.take(16)?).map_err(|_| FrameError("bad id"))?;
-        let created_at_micros = i64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
-        let transaction_id = r.opt_str()?.ok_or(FrameError("null transaction id"))?;
-        let producer_sub = r.opt_str()?;
-        let trace_id = r.opt_str()?;
-        let len = u32::from_le_bytes(r.take(4)?.try_into().expect("4 bytes")) as usize;
-        let payload =
-            std::str::from_utf8(r.take(len)?).map_err(|_| FrameError("payload not utf-8"))?;
-        frames.push(Frame {
-            id,
-            created_at_micros,
-            transaction_id,
-            producer_sub,
-            trace_id,
-            payload,
-        });
+    while !r.is_done() {
+        frames.push(Frame::from(r.item().map_err(|e| FrameError(e.0))?));
     }
     Ok(frames)
 }
 
-struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], FrameError> {
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|&e| e <= self.bytes.len())
-            .ok_or(FrameError("truncated"))?;
-        let slice = &self.bytes[self.at..end];
-        self.at = end;
-        Ok(slice)
-    }
-
-    fn opt_str(&mut self) -> Result<Option<&'a str>, FrameError> {
-        let len = u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes"));
-        if len == NULL {
-            return Ok(None);
+impl<'a> From<ItemRef<'a>> for Frame<'a> {
+    fn from(item: ItemRef<'a>) -> Self {
+        Self {
+            id: item.message_id,
+            created_at_micros: item.arrived_at_micros,
+            transaction_id: item.transaction_id,
+            producer_sub: item.producer_sub,
+            trace_id: item.trace_id,
+            payload: item.payload,
         }
-        let raw = self.take(len as usize)?;
-        std::str::from_utf8(raw)
-            .map(Some)
-            .map_err(|_| FrameError("string not utf-8"))
     }
 }
 
@@ -172,6 +116,63 @@ mod tests {
             assert_eq!(f.producer_sub, i.producer_sub.as_deref());
             assert_eq!(f.created_at_micros, i.arrived_at_micros);
         }
+    }
+
+    /// A segment as stored before the codec was shared: stored segments keep decoding.
+    const PINNED: [u8; 92] = [
+        1, // version
+        1, 144, 0, 0, 0, 0, 112, 0, 128, 0, 0, 0, 0, 0, 0, 1, // id
+        1, 64, 30, 24, 36, 10, 6, 0, // created at
+        5, 0, 116, 120, 110, 45, 49, // "txn-1"
+        5, 0, 97, 108, 105, 99, 101, // "alice"
+        255, 255, // no trace id
+        7, 0, 0, 0, 123, 34, 97, 34, 58, 49, 125, // {"a":1}
+        1, 144, 0, 0, 0, 0, 112, 0, 128, 0, 0, 0, 0, 0, 0, 2, // id
+        251, 255, 255, 255, 255, 255, 255, 255, // created at -5
+        0, 0, // ""
+        255, 255, // no producer sub
+        2, 0, 116, 114, // "tr"
+        4, 0, 0, 0, 110, 117, 108, 108, // null
+    ];
+
+    #[test]
+    fn a_segment_written_by_earlier_code_decodes_and_is_written_the_same() {
+        let items = [
+            Item {
+                message_id: Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0001),
+                transaction_id: "txn-1".into(),
+                payload: r#"{"a":1}"#.into(),
+                producer_sub: Some("alice".into()),
+                trace_id: None,
+                arrived_at_micros: 1_700_000_000_000_001,
+            },
+            Item {
+                message_id: Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0002),
+                transaction_id: String::new(),
+                payload: "null".into(),
+                producer_sub: None,
+                trace_id: Some("tr".into()),
+                arrived_at_micros: -5,
+            },
+        ];
+        assert_eq!(encode(items.iter()), PINNED);
+        assert_eq!(
+            items.iter().map(encoded_len).sum::<usize>() + 1,
+            PINNED.len()
+        );
+        let frames = decode(&PINNED).unwrap();
+        assert_eq!(frames.len(), 2);
+        assert_eq!(frames[0].id, items[0].message_id);
+        assert_eq!(frames[0].created_at_micros, 1_700_000_000_000_001);
+        assert_eq!(frames[0].transaction_id, "txn-1");
+        assert_eq!(frames[0].producer_sub, Some("alice"));
+        assert_eq!(frames[0].trace_id, None);
+        assert_eq!(frames[0].payload, r#"{"a":1}"#);
+        assert_eq!(frames[1].created_at_micros, -5);
+        assert_eq!(frames[1].transaction_id, "");
+        assert_eq!(frames[1].producer_sub, None);
+        assert_eq!(frames[1].trace_id, Some("tr"));
+        assert_eq!(frames[1].payload, "null");
     }
 
     #[test]

@@ -4,20 +4,18 @@
 //! record := magic:u32le crc32:u32le len:u32le body[len]
 //! body   := queue:str16 partition:str16 message_id:[16] arrived_at_micros:i64le
 //!           transaction_id:str16 producer_sub:opt16 trace_id:opt16 payload_len:u32le payload
-//! str16  := len:u16le bytes            opt16 := len:u16le bytes | 0xFFFF (null)
 //! ```
-//! The checksum covers the body. A reader that meets a bad magic, a bad checksum or a record
+//! `str16`, `opt16` and the item fields from `message_id` on are [`crate::codec`]'s, shared
+//! with the stored segments' frames. The checksum covers the body. A reader that meets a bad magic, a bad checksum or a record
 //! running past the end reports it and searches for the next magic, so a torn tail or a damaged
 //! record never becomes a message and never hides the good records after it.
 
-use uuid::Uuid;
-
+use crate::codec::{self, Reader};
 use crate::message::{Item, PartitionKey};
 
 /// Marks the start of every record ("QSP1").
 pub const MAGIC: u32 = 0x3150_5351;
 const HEADER: usize = 12;
-const NULL: u16 = u16::MAX;
 
 /// One spooled item with its partition.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,31 +43,13 @@ pub fn encode(key: &PartitionKey, item: &Item, out: &mut Vec<u8>) {
     out.extend_from_slice(&MAGIC.to_le_bytes());
     out.extend_from_slice(&[0; 8]); // checksum and length, filled in below
     let body = out.len();
-    put_str(out, Some(&key.queue));
-    put_str(out, Some(&key.partition));
-    out.extend_from_slice(item.message_id.as_bytes());
-    out.extend_from_slice(&item.arrived_at_micros.to_le_bytes());
-    put_str(out, Some(&item.transaction_id));
-    put_str(out, item.producer_sub.as_deref());
-    put_str(out, item.trace_id.as_deref());
-    out.extend_from_slice(&(item.payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(item.payload.as_bytes());
+    codec::put_str(out, &key.queue);
+    codec::put_str(out, &key.partition);
+    codec::put_item(out, item);
     let crc = crc32fast::hash(&out[body..]);
     let len = (out.len() - body) as u32;
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
     out[start + 8..start + 12].copy_from_slice(&len.to_le_bytes());
-}
-
-fn put_str(out: &mut Vec<u8>, value: Option<&str>) {
-    match value {
-        None => out.extend_from_slice(&NULL.to_le_bytes()),
-        Some(s) => {
-            // Names and keys are validated to ≤ 255 characters before they reach the spool.
-            let len = u16::try_from(s.len()).unwrap_or(NULL - 1);
-            out.extend_from_slice(&len.to_le_bytes());
-            out.extend_from_slice(&s.as_bytes()[..len as usize]);
-        }
-    }
 }
 
 /// Reads every intact record of a spool file, reporting damage instead of failing.
@@ -122,64 +102,28 @@ fn decode_one(bytes: &[u8]) -> Result<(Record, usize), &'static str> {
     if crc32fast::hash(body) != crc {
         return Err("checksum mismatch");
     }
-    let mut r = Reader { bytes: body, at: 0 };
-    let queue = r.string()?.ok_or("null queue")?;
-    let partition = r.string()?.ok_or("null partition")?;
-    let message_id = Uuid::from_slice(r.take(16)?).map_err(|_| "bad message id")?;
-    let arrived_at_micros = i64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
-    let transaction_id = r.string()?.ok_or("null transaction id")?;
-    let producer_sub = r.string()?;
-    let trace_id = r.string()?;
-    let payload_len = u32::from_le_bytes(r.take(4)?.try_into().expect("4 bytes")) as usize;
-    let payload = std::str::from_utf8(r.take(payload_len)?).map_err(|_| "payload not utf-8")?;
-    if r.at != body.len() {
-        return Err("trailing bytes in record");
-    }
-    let record = Record {
-        key: PartitionKey::new(&queue, &partition),
-        item: Item {
-            message_id,
-            transaction_id,
-            payload: payload.into(),
-            producer_sub,
-            trace_id,
-            arrived_at_micros,
-        },
-    };
+    let record = decode_body(body).map_err(|e| e.0)?;
     Ok((record, HEADER + len))
 }
 
-struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], &'static str> {
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|&e| e <= self.bytes.len())
-            .ok_or("field past record end")?;
-        let out = &self.bytes[self.at..end];
-        self.at = end;
-        Ok(out)
+fn decode_body(body: &[u8]) -> Result<Record, codec::CodecError> {
+    let mut r = Reader::new(body);
+    let queue = r.str("null queue")?;
+    let partition = r.str("null partition")?;
+    let item = r.item()?.to_item();
+    if !r.is_done() {
+        return Err(codec::CodecError("trailing bytes in record"));
     }
-
-    fn string(&mut self) -> Result<Option<String>, &'static str> {
-        let len = u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes"));
-        if len == NULL {
-            return Ok(None);
-        }
-        let raw = self.take(len as usize)?;
-        std::str::from_utf8(raw)
-            .map(|s| Some(s.to_string()))
-            .map_err(|_| "string not utf-8")
-    }
+    Ok(Record {
+        key: PartitionKey::new(queue, partition),
+        item,
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use uuid::Uuid;
+
     use super::*;
 
     fn record(n: u32) -> Record {
@@ -202,6 +146,38 @@ mod tests {
             encode(&r.key, &r.item, &mut out);
         }
         out
+    }
+
+    /// A record as the spool wrote it before the codec was shared: files on disk keep decoding.
+    const PINNED: [u8; 77] = [
+        81, 83, 80, 49, 153, 225, 117, 166, 65, 0, 0, 0, // magic, crc32, length 65
+        6, 0, 111, 114, 100, 101, 114, 115, // "orders"
+        4, 0, 112, 45, 195, 188, // "p-ü"
+        1, 144, 0, 0, 0, 0, 112, 0, 128, 0, 0, 0, 0, 0, 0, 1, // message id
+        1, 64, 30, 24, 36, 10, 6, 0, // arrived at
+        5, 0, 116, 120, 110, 45, 49, // "txn-1"
+        5, 0, 97, 108, 105, 99, 101, // "alice"
+        255, 255, // no trace id
+        7, 0, 0, 0, 123, 34, 97, 34, 58, 49, 125, // {"a":1}
+    ];
+
+    #[test]
+    fn a_record_written_by_earlier_code_decodes_and_is_written_the_same() {
+        let expected = Record {
+            key: PartitionKey::new("orders", "p-ü"),
+            item: Item {
+                message_id: Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0001),
+                transaction_id: "txn-1".into(),
+                payload: r#"{"a":1}"#.into(),
+                producer_sub: Some("alice".into()),
+                trace_id: None,
+                arrived_at_micros: 1_700_000_000_000_001,
+            },
+        };
+        let (read, damage) = decode_all(&PINNED);
+        assert!(damage.is_empty(), "{damage:?}");
+        assert_eq!(file(&read), PINNED);
+        assert_eq!(read, [expected]);
     }
 
     #[test]

@@ -45,20 +45,29 @@ pub struct Replayer<S: SegmentStore> {
     state: Arc<SpoolState>,
     current: Option<Loaded>,
     every: Duration,
+    backoff: Duration,
     failures: u32,
     failed_unreachable: bool,
     next_try: Instant,
 }
 
 impl<S: SegmentStore> Replayer<S> {
-    /// A replayer committing through `store`, checking for work every `every`.
-    pub fn new(store: S, spool: Addr<SpoolActor>, state: Arc<SpoolState>, every: Duration) -> Self {
+    /// A replayer committing through `store`, checking for work every `every`; after `n`
+    /// failed rounds in a row it waits `backoff` × 2^min(n, 4).
+    pub fn new(
+        store: S,
+        spool: Addr<SpoolActor>,
+        state: Arc<SpoolState>,
+        every: Duration,
+        backoff: Duration,
+    ) -> Self {
         Self {
             store: Some(store),
             spool,
             state,
             current: None,
             every,
+            backoff,
             failures: 0,
             failed_unreachable: false,
             next_try: Instant::now(),
@@ -95,7 +104,7 @@ impl<S: SegmentStore> Replayer<S> {
                         act.state.mark_db_down();
                     }
                     act.failures = act.failures.saturating_add(1);
-                    let backoff = Duration::from_millis(100 * 2u64.pow(act.failures.min(4)));
+                    let backoff = act.backoff * 2u32.pow(act.failures.min(4));
                     act.next_try = Instant::now() + backoff;
                     tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "spool replay failed; will retry");
                 }
