@@ -174,9 +174,9 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     };
     let options = storage::connect_options(&url, &settings).map_err(|e| db_err(e.to_string()))?;
     let pool = storage::pool(options.clone(), &settings);
-    match tokio::time::timeout(settings.connect_timeout * 2, storage::MIGRATOR.run(&pool)).await {
+    match tokio::time::timeout(settings.connect_timeout * 2, storage::migrate(&pool)).await {
         Ok(Ok(())) => {}
-        Ok(Err(sqlx::migrate::MigrateError::Execute(e))) if is_unreachable(&e) => {
+        Ok(Err(e)) if e.is_unreachable() => {
             defer_migrations(&pool, &target, &e.to_string());
         }
         Ok(Err(e)) => return Err(db_err(e.to_string())),
@@ -307,13 +307,6 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     })
 }
 
-fn is_unreachable(e: &sqlx::Error) -> bool {
-    matches!(
-        e,
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_)
-    )
-}
-
 /// PostgreSQL is away at start-up: serve anyway (pushes go to the spool) and migrate once it
 /// answers.
 fn defer_migrations(pool: &PgPool, target: &str, reason: &str) {
@@ -326,7 +319,7 @@ fn defer_migrations(pool: &PgPool, target: &str, reason: &str) {
     actix_web::rt::spawn(async move {
         loop {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            match storage::MIGRATOR.run(&pool).await {
+            match storage::migrate(&pool).await {
                 Ok(()) => {
                     tracing::info!("PostgreSQL answers; migrations are applied");
                     return;
@@ -346,22 +339,38 @@ async fn poll_flags(
     settings: Arc<Settings>,
 ) {
     let mut tick = tokio::time::interval(settings.flag_poll_every);
+    let mut last_failure: Option<String> = None;
     loop {
         tick.tick().await;
         let generation = flags.generation();
-        if let Ok(Ok((push, pop))) =
-            tokio::time::timeout(settings.flag_read_timeout, read_flags(&pool)).await
-        {
-            // A local change after the read started wins until the next poll.
-            if flags.generation() == generation {
-                if push != spool.maintenance() {
-                    tracing::info!(
-                        enabled = push,
-                        "maintenance mode changed (from the database)"
-                    );
+        match tokio::time::timeout(settings.flag_read_timeout, read_flags(&pool)).await {
+            Ok(Ok((push, pop))) => {
+                last_failure = None;
+                // A local change after the read started wins until the next poll.
+                if flags.generation() == generation {
+                    if push != spool.maintenance() {
+                        tracing::info!(
+                            enabled = push,
+                            "maintenance mode changed (from the database)"
+                        );
+                    }
+                    spool.set_maintenance(push);
+                    flags.set_pop_maintenance(pop);
                 }
-                spool.set_maintenance(push);
-                flags.set_pop_maintenance(pop);
+            }
+            // PostgreSQL away (or too slow): keep the last known flags; the spool reports
+            // the outage.
+            Ok(Err(e)) if e.is_unreachable() => {
+                tracing::debug!(error = %e, "maintenance flags unreadable: PostgreSQL is away");
+            }
+            Err(_) => tracing::debug!("maintenance flags unreadable: PostgreSQL did not answer"),
+            // Anything else is worth an operator's look, once per distinct failure.
+            Ok(Err(e)) => {
+                let text = e.to_string();
+                if last_failure.as_deref() != Some(text.as_str()) {
+                    tracing::warn!(error = %text, "reading the maintenance flags failed");
+                    last_failure = Some(text);
+                }
             }
         }
     }

@@ -1,15 +1,20 @@
 //! queen-broker: a PostgreSQL-backed message broker speaking Queen MQ's HTTP protocol.
 //!
-//! Map of the modules:
-//! - [`settings`]: environment variables (Queen's names) and `config/*.toml`.
+//! Map of the modules, top layer first (imports only point down; `scripts/check-layers` holds
+//! it, docs/architecture.md draws it):
 //! - [`app`]: wiring: database → migrations → actors → HTTP server; shutdown order.
-//! - [`auth`]: JWT verification, role sets and the gate that checks every route's capability.
-//! - [`http`]: the routes (`push`, `health`, ...), body limits and error mapping.
-//! - [`storage`]: every SQL statement; the commit transaction is `storage::commit`.
+//! - [`http`]: the route table, one handler per file, the auth gate, body limits, error mapping.
+//! - [`auth`]: JWT verification, role sets and the capability each route requires.
+//! - [`state`]: what every handler reaches (`AppState`), admission, the maintenance flags.
+//! - [`protocol`]: request/response shapes and their rules (push and ack bodies, `Name`,
+//!   timestamp formats).
+//! - the actors (partition, committer, registry, spool) live in the `broker-actors` crate
+//!   (`actors/`) and reach PostgreSQL only through its `SegmentStore` trait.
+//! - [`storage`]: every SQL statement and [`storage::StorageError`]; the commit transaction is
+//!   `storage::commit`.
+//! - [`settings`]: environment variables (Queen's names) and `config/*.toml`.
 //! - [`pg`]: a private PostgreSQL cluster from the local server binaries.
 //! - [`wake`]: long-poll wake-ups (in-process, and across brokers via LISTEN/NOTIFY).
-//!
-//! The actors (partition, committer, registry) live in the `broker-actors` crate (`actors/`).
 
 pub mod app;
 pub mod auth;

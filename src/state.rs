@@ -14,7 +14,7 @@ use broker_actors::spool::SpoolHandle;
 use sqlx::PgPool;
 
 use crate::settings::Settings;
-use crate::storage::system;
+use crate::storage::{system, StorageError};
 use crate::wake::WakeHub;
 
 /// Request bytes currently held by the write path.
@@ -110,7 +110,7 @@ pub fn admit(inflight: &Arc<Inflight>, bytes: usize, limit: usize) -> Option<Adm
 /// # Errors
 ///
 /// Any database error.
-pub async fn read_flags(pool: &PgPool) -> sqlx::Result<(bool, bool)> {
+pub async fn read_flags(pool: &PgPool) -> Result<(bool, bool), StorageError> {
     let push = system::flag(pool, system::MAINTENANCE).await?;
     let pop = system::flag(pool, system::POP_MAINTENANCE).await?;
     Ok((push, pop))

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use crate::http::error::{with_db, ApiError};
 use crate::protocol::time::{iso_micros, iso_millis};
 use crate::state::AppState;
-use crate::storage::dlq;
+use crate::storage::{dlq, StorageError};
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -66,9 +66,11 @@ pub async fn list(
     .await?;
     let mut messages = Vec::with_capacity(rows.len());
     for r in &rows {
-        let data: &RawValue = serde_json::from_str(&r.payload).map_err(|e| {
-            ApiError::Database(sqlx::Error::Protocol(format!("stored payload: {e}")))
-        })?;
+        let data: &RawValue =
+            serde_json::from_str(&r.payload).map_err(|source| StorageError::PayloadNotJson {
+                what: format!("dead letter {}", r.message_id),
+                source,
+            })?;
         messages.push(Letter {
             id: r.message_id,
             transaction_id: &r.transaction_id,

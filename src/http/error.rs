@@ -7,7 +7,7 @@ use broker_actors::PushError;
 use crate::auth::AuthError;
 use crate::protocol::ProtocolError;
 use crate::state::AppState;
-use crate::storage::error::is_unreachable;
+use crate::storage::StorageError;
 
 /// A request that could not be served.
 #[derive(Debug, thiserror::Error)]
@@ -45,9 +45,9 @@ pub enum ApiError {
     /// The named thing does not exist (`Queue not found`, `Message not found`).
     #[error("{0}")]
     NotFound(String),
-    /// A database statement failed.
+    /// A storage operation failed (PostgreSQL away: 503; anything else: 500).
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(#[from] StorageError),
     /// PostgreSQL did not answer in time.
     #[error("database did not answer within {0:?}")]
     DatabaseTimeout(std::time::Duration),
@@ -78,7 +78,7 @@ impl ResponseError for ApiError {
             Self::AuthUnavailable(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::NoSuchRoute { .. } | Self::NotFound(_) => StatusCode::NOT_FOUND,
             // Unreachable is retryable; anything else is ours.
-            Self::Database(e) if is_unreachable(e) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Database(e) if e.is_unreachable() => StatusCode::SERVICE_UNAVAILABLE,
             Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::DatabaseTimeout(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -119,6 +119,12 @@ impl From<ProtocolError> for ApiError {
     }
 }
 
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Database(StorageError::from(e))
+    }
+}
+
 impl From<AuthError> for ApiError {
     fn from(e: AuthError) -> Self {
         match e {
@@ -137,7 +143,7 @@ impl From<AuthError> for ApiError {
 /// [`ApiError::Database`] or [`ApiError::DatabaseTimeout`].
 pub async fn with_db<T>(
     state: &AppState,
-    step: impl std::future::Future<Output = sqlx::Result<T>>,
+    step: impl std::future::Future<Output = Result<T, StorageError>>,
 ) -> Result<T, ApiError> {
     let limit = state
         .settings

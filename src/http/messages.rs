@@ -18,7 +18,7 @@ use crate::http::error::ApiError;
 use crate::protocol::time::iso_millis;
 use crate::state::AppState;
 use crate::storage::messages::{self, Filter, Listed, MessageStatus, Page};
-use crate::storage::queues;
+use crate::storage::{queues, StorageError};
 
 /// Default and largest page of the list.
 const DEFAULT_LIMIT: usize = 200;
@@ -79,11 +79,11 @@ impl<'a> MessageView<'a> {
             created_at: iso_millis(created_at),
             lease_expires_at: listed.lease_expires_at.map(iso_millis),
             // Validated JSON at push time; a frame that is not is corruption, not a 400.
-            payload: RawValue::from_string(m.payload.clone()).map_err(|e| {
-                ApiError::Database(sqlx::Error::Protocol(format!(
-                    "message {} holds a payload that is not JSON: {e}",
-                    m.id
-                )))
+            payload: RawValue::from_string(m.payload.clone()).map_err(|source| {
+                StorageError::PayloadNotJson {
+                    what: format!("message {}", m.id),
+                    source,
+                }
             })?,
         })
     }

@@ -20,6 +20,7 @@ use crate::http::error::{with_db, ApiError};
 use crate::protocol::time::micros_iso;
 use crate::state::AppState;
 use crate::storage::consume::{self, PopRequest, Popped, SubscriptionStart, QUEUE_MODE};
+use crate::storage::StorageError;
 use crate::wake::WakeKey;
 
 /// `batch` when the query leaves it out (Queen's `DEFAULT_BATCH_SIZE`).
@@ -226,17 +227,20 @@ fn respond(popped: &Popped, group: &str) -> Result<HttpResponse, ApiError> {
     let mut messages = Vec::new();
     let mut decoded = Vec::with_capacity(popped.deliveries.len());
     for d in &popped.deliveries {
-        let frames = d
-            .frames()
-            .map_err(|e| ApiError::Database(sqlx::Error::Protocol(e.to_string())))?;
+        let frames = d.frames().map_err(|source| StorageError::CorruptSegment {
+            partition: d.partition_id,
+            source,
+        })?;
         decoded.push((d, frames));
     }
     for (d, frames) in &decoded {
         for f in frames {
             // The payload was validated JSON when pushed; it is written out as stored.
-            let data: &RawValue = serde_json::from_str(f.payload).map_err(|e| {
-                ApiError::Database(sqlx::Error::Protocol(format!("stored payload: {e}")))
-            })?;
+            let data: &RawValue =
+                serde_json::from_str(f.payload).map_err(|source| StorageError::PayloadNotJson {
+                    what: format!("message {}", f.id),
+                    source,
+                })?;
             messages.push(Message {
                 id: f.id,
                 transaction_id: f.transaction_id,

@@ -18,6 +18,7 @@ use uuid::Uuid;
 
 use crate::storage::consume::read_range;
 use crate::storage::dlq::{self, DeadLetter};
+use crate::storage::error::StorageError;
 use crate::storage::frames;
 
 /// What the consumer says about a message.
@@ -130,7 +131,7 @@ pub async fn apply(
     conn: &mut PgConnection,
     acks: &[Ack],
     mode: AckMode,
-) -> sqlx::Result<Vec<AckOutcome>> {
+) -> Result<Vec<AckOutcome>, StorageError> {
     let mut outcomes: Vec<AckOutcome> = acks
         .iter()
         .map(|a| AckOutcome {
@@ -197,7 +198,7 @@ async fn apply_group(
     members: &[usize],
     mode: AckMode,
     outcomes: &mut [AckOutcome],
-) -> sqlx::Result<()> {
+) -> Result<(), StorageError> {
     let row: Option<ConsumerRow> = sqlx::query_as(
         "SELECT committed_offset, lease_id, lease_expires_at > now() AS live,
                 leased_from, leased_to, batch_retry_count, retry_lease_id
@@ -231,8 +232,10 @@ async fn apply_group(
     }
     let mut decoded = Vec::with_capacity(segments.len());
     for (base, bytes) in &segments {
-        let frames = frames::decode(bytes)
-            .map_err(|e| sqlx::Error::Protocol(format!("partition {}: {e}", info.id)))?;
+        let frames = frames::decode(bytes).map_err(|source| StorageError::CorruptSegment {
+            partition: info.id,
+            source,
+        })?;
         decoded.push((*base, frames));
     }
     let mut by_txn: HashMap<&str, (i64, &frames::Frame<'_>)> = HashMap::new();
@@ -387,11 +390,13 @@ fn holds_all(
     to: i64,
     wanted: &[&str],
     partition_id: i64,
-) -> sqlx::Result<bool> {
+) -> Result<bool, StorageError> {
     let mut present = std::collections::HashSet::new();
     for (base, bytes) in segments {
-        let frames = frames::decode(bytes)
-            .map_err(|e| sqlx::Error::Protocol(format!("partition {partition_id}: {e}")))?;
+        let frames = frames::decode(bytes).map_err(|source| StorageError::CorruptSegment {
+            partition: partition_id,
+            source,
+        })?;
         for (n, frame) in frames.iter().enumerate() {
             let offset = base + n as i64;
             if offset >= from && offset < to {

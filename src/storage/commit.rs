@@ -22,6 +22,7 @@ use sqlx::{Connection, Executor, PgConnection, Row};
 use uuid::Uuid;
 
 use crate::storage::dedup::{self, Original, Probe};
+use crate::storage::error::StorageError;
 use crate::storage::{frames, partitions};
 
 /// A committer's store: its own connection, re-opened after a failure.
@@ -79,14 +80,13 @@ impl SegmentStore for PgStore {
     }
 }
 
-/// Sorts a database error into "unreachable" and "this transaction failed".
-pub fn classify(e: sqlx::Error) -> StoreError {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed => StoreError::Unavailable(e.to_string()),
-        other => StoreError::Transaction(other.to_string()),
+/// Sorts a storage error into "unreachable" (the items are spooled) and "this transaction
+/// failed", by [`StorageError::is_unreachable`].
+pub fn classify(e: StorageError) -> StoreError {
+    if e.is_unreachable() {
+        StoreError::Unavailable(e.to_string())
+    } else {
+        StoreError::Transaction(e.to_string())
     }
 }
 
@@ -104,7 +104,7 @@ struct Locked {
 pub async fn commit_batch(
     conn: &mut PgConnection,
     batch: &[SegmentWrite],
-) -> sqlx::Result<Vec<SegmentOutcome>> {
+) -> Result<Vec<SegmentOutcome>, StorageError> {
     // An id an actor cached may belong to a partition deleted since (its queue was deleted
     // through the admin route): such keys are resolved again once, which recreates them.
     let mut stale: Vec<&PartitionKey> = Vec::new();
@@ -145,13 +145,19 @@ pub enum WriteError {
     Deleted(Vec<i64>),
     /// A statement failed.
     #[error(transparent)]
-    Database(#[from] sqlx::Error),
+    Database(#[from] StorageError),
 }
 
-impl From<WriteError> for sqlx::Error {
+impl From<sqlx::Error> for WriteError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Database(StorageError::Database(e))
+    }
+}
+
+impl From<WriteError> for StorageError {
     fn from(e: WriteError) -> Self {
         match e {
-            WriteError::Deleted(_) => sqlx::Error::Protocol(e.to_string()),
+            WriteError::Deleted(_) => StorageError::PartitionGone(e.to_string()),
             WriteError::Database(e) => e,
         }
     }
@@ -167,7 +173,7 @@ impl From<WriteError> for sqlx::Error {
 pub async fn resolve_partition_ids(
     conn: &mut PgConnection,
     batch: &[SegmentWrite],
-) -> sqlx::Result<Vec<i64>> {
+) -> Result<Vec<i64>, StorageError> {
     resolve_ids_except(conn, batch, &[]).await
 }
 
@@ -177,7 +183,7 @@ async fn resolve_ids_except(
     conn: &mut PgConnection,
     batch: &[SegmentWrite],
     stale: &[&PartitionKey],
-) -> sqlx::Result<Vec<i64>> {
+) -> Result<Vec<i64>, StorageError> {
     let unresolved: Vec<&PartitionKey> = batch
         .iter()
         .filter(|w| w.partition_id.is_none() || stale.contains(&&w.key))
@@ -193,7 +199,7 @@ async fn resolve_ids_except(
         .map(
             |write| match (resolved.get(&write.key).copied(), write.partition_id) {
                 (Some(id), _) | (None, Some(id)) => Ok(id),
-                (None, None) => Err(sqlx::Error::Protocol(format!(
+                (None, None) => Err(StorageError::PartitionGone(format!(
                     "partition {} could not be created",
                     write.key
                 ))),
@@ -429,7 +435,7 @@ async fn execute_write(
     tx: &mut PgConnection,
     plan: &WritePlan<'_>,
     probes: &[Probe],
-) -> sqlx::Result<Vec<(i64, i64, i64)>> {
+) -> Result<Vec<(i64, i64, i64)>, StorageError> {
     if plan.seg_pids.is_empty() && probes.is_empty() {
         return Ok(Vec::new());
     }
@@ -496,6 +502,7 @@ async fn execute_write(
     .bind(&probe_windows)
     .fetch_all(&mut *tx)
     .await
+    .map_err(StorageError::from)
 }
 
 /// The original's id if `transaction_id` is already stored in the partition inside the window:

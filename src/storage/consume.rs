@@ -21,6 +21,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::storage::error::StorageError;
 use crate::storage::frames::{self, Frame, FrameError};
 
 /// The consumer-group name meaning "no group" (one shared cursor).
@@ -174,7 +175,10 @@ enum Take {
 /// # Errors
 ///
 /// Any database error, or a segment that does not decode.
-pub async fn pop(conn: &mut PgConnection, req: &PopRequest<'_>) -> sqlx::Result<Option<Popped>> {
+pub async fn pop(
+    conn: &mut PgConnection,
+    req: &PopRequest<'_>,
+) -> Result<Option<Popped>, StorageError> {
     let Some((queue, sub)) = open(conn, req.queue, req.group, &req.start).await? else {
         return Ok(None);
     };
@@ -192,7 +196,7 @@ pub async fn pop_matching(
     namespace: Option<&str>,
     task: Option<&str>,
     req: &PopRequest<'_>,
-) -> sqlx::Result<Option<Popped>> {
+) -> Result<Option<Popped>, StorageError> {
     let names: Vec<String> = sqlx::query_scalar(
         "SELECT name
            FROM queen.queues
@@ -222,7 +226,7 @@ async fn pop_from(
     req: &PopRequest<'_>,
     queue: &QueueInfo,
     sub: &Subscription,
-) -> sqlx::Result<Option<Popped>> {
+) -> Result<Option<Popped>, StorageError> {
     let lease_id = Uuid::now_v7();
     let mut pop = Collect {
         req,
@@ -342,7 +346,7 @@ impl Collect<'_, '_> {
     }
 
     /// Attention rows first, then the write-order scan from the watermark.
-    async fn scan_queue(&mut self, conn: &mut PgConnection) -> sqlx::Result<()> {
+    async fn scan_queue(&mut self, conn: &mut PgConnection) -> Result<(), StorageError> {
         let rows: Vec<Candidate> = sqlx::query_as(&format!(
             "{CANDIDATE_COLUMNS}
               WHERE p.id IN ((SELECT a.partition_id
@@ -436,7 +440,11 @@ impl Collect<'_, '_> {
 
     /// Claims `row` for the group, reads up to `remaining` messages, and keeps the lease only
     /// if there are any.
-    async fn take(&mut self, conn: &mut PgConnection, row: &Candidate) -> sqlx::Result<Take> {
+    async fn take(
+        &mut self,
+        conn: &mut PgConnection,
+        row: &Candidate,
+    ) -> Result<Take, StorageError> {
         let group = self.req.group;
         let lease_secs = if self.queue.lease_secs > 0 {
             self.queue.lease_secs
@@ -514,8 +522,10 @@ impl Collect<'_, '_> {
         let delay_micros = i64::from(self.queue.delay_secs) * 1_000_000;
         let now_micros = row.db_now.timestamp_micros();
         'segments: for (base, bytes) in &segments {
-            let decoded = frames::decode(bytes)
-                .map_err(|e| sqlx::Error::Protocol(format!("partition {}: {e}", row.id)))?;
+            let decoded = frames::decode(bytes).map_err(|source| StorageError::CorruptSegment {
+                partition: row.id,
+                source,
+            })?;
             for (n, frame) in decoded.iter().enumerate() {
                 let offset = base + n as i64;
                 if offset < first {
@@ -611,7 +621,7 @@ async fn clear_attention(
     conn: &mut PgConnection,
     partition_id: i64,
     group: &str,
-) -> sqlx::Result<()> {
+) -> Result<(), StorageError> {
     sqlx::query(
         "UPDATE queen.partition_consumers c
             SET attention_at = NULL,
@@ -642,7 +652,7 @@ pub async fn read_range(
     from: i64,
     want: i64,
     next_offset: i64,
-) -> sqlx::Result<(Vec<(i64, Vec<u8>)>, i64)> {
+) -> Result<(Vec<(i64, Vec<u8>)>, i64), StorageError> {
     let mut from = from;
     for _ in 0..2 {
         let segments: Vec<(i64, Vec<u8>)> = sqlx::query_as(
@@ -703,7 +713,7 @@ async fn open(
     queue: &str,
     group: &str,
     start: &SubscriptionStart,
-) -> sqlx::Result<Option<(QueueInfo, Subscription)>> {
+) -> Result<Option<(QueueInfo, Subscription)>, StorageError> {
     type Row = (
         i64,
         i32,

@@ -10,6 +10,7 @@ use std::time::Duration;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::storage::error::StorageError;
 use crate::storage::frames;
 
 /// The 64-bit key hash stored in the sidecar.
@@ -54,7 +55,7 @@ type OriginalRow = (i64, i64, Option<i64>, Option<i32>, Option<Vec<u8>>);
 pub async fn originals(
     conn: &mut PgConnection,
     at: &[(i64, i64)],
-) -> sqlx::Result<HashMap<(i64, i64), Original>> {
+) -> Result<HashMap<(i64, i64), Original>, StorageError> {
     let pids: Vec<i64> = at.iter().map(|a| a.0).collect();
     let offsets: Vec<i64> = at.iter().map(|a| a.1).collect();
     let rows: Vec<OriginalRow> = sqlx::query_as(
@@ -77,8 +78,11 @@ pub async fn originals(
     for (pid, offset, base, _count, bytes) in rows {
         let original = match (base, bytes) {
             (Some(base), Some(bytes)) => {
-                let decoded = frames::decode(&bytes)
-                    .map_err(|e| sqlx::Error::Protocol(format!("partition {pid}: {e}")))?;
+                let decoded =
+                    frames::decode(&bytes).map_err(|source| StorageError::CorruptSegment {
+                        partition: pid,
+                        source,
+                    })?;
                 match decoded.get((offset - base) as usize) {
                     Some(frame) => Original::Found {
                         id: frame.id,
@@ -101,7 +105,7 @@ pub async fn originals(
 /// # Errors
 ///
 /// Any database error.
-pub async fn sweep_expired(conn: &mut PgConnection, limit: i64) -> sqlx::Result<u64> {
+pub async fn sweep_expired(conn: &mut PgConnection, limit: i64) -> Result<u64, StorageError> {
     let done = sqlx::query(
         "DELETE FROM queen.dedup_keys
           WHERE ctid = ANY (ARRAY(
@@ -132,7 +136,7 @@ pub async fn sweep_loop(pool: sqlx::PgPool, every: Duration) {
         loop {
             let batch = match pool.acquire().await {
                 Ok(mut conn) => sweep_expired(&mut conn, 5_000).await,
-                Err(e) => Err(e),
+                Err(e) => Err(e.into()),
             };
             match batch {
                 Ok(0) => break,

@@ -7,6 +7,8 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::storage::error::StorageError;
+
 /// One message to dead-letter.
 #[derive(Debug, Clone)]
 pub struct DeadLetter {
@@ -39,7 +41,7 @@ pub struct DeadLetter {
 /// # Errors
 ///
 /// Any database error.
-pub async fn insert(conn: &mut PgConnection, rows: &[DeadLetter]) -> sqlx::Result<()> {
+pub async fn insert(conn: &mut PgConnection, rows: &[DeadLetter]) -> Result<(), StorageError> {
     if rows.is_empty() {
         return Ok(());
     }
@@ -119,7 +121,7 @@ pub async fn list(
     group: Option<&str>,
     limit: i64,
     offset: i64,
-) -> sqlx::Result<(Vec<Listed>, i64)> {
+) -> Result<(Vec<Listed>, i64), StorageError> {
     let filter = "FROM queen.dead_letters d
                   JOIN queen.partitions p ON p.id = d.partition_id
                   JOIN queen.queues q ON q.id = p.queue_id

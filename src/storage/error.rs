@@ -1,15 +1,102 @@
-//! The one answer to "is PostgreSQL away?" for every database error the broker sees.
+//! [`StorageError`], the one error type of `src/storage`, and the one answer to "is PostgreSQL
+//! away?" ([`StorageError::is_unreachable`]) that every caller uses: the commit path
+//! (`storage::commit::classify`, so the partition actors spool), the spool replay (through the
+//! same store), the HTTP edge (503 versus 500), the transaction route (retry versus roll back
+//! and report), start-up migrations (serve and migrate later versus refuse to start) and the
+//! maintenance-flag poller (keep the last flags quietly versus warn).
+//!
+//! What counts as unreachable, i.e. "retry later, nothing was decided":
+//! - the connection could not be made or broke: `Io` (refused, reset, EOF), `Tls`,
+//!   `WorkerCrashed`;
+//! - the pool could not hand out a connection in time or is closed: `PoolTimedOut`,
+//!   `PoolClosed`;
+//! - SQLSTATE class 08 (connection exception, e.g. 08006 connection failure, 08001 cannot
+//!   connect);
+//! - SQLSTATE class 57 (operator intervention): 57P01 admin shutdown (a fast or smart stop, or
+//!   `pg_terminate_backend` on the session), 57P02 crash shutdown, 57P03 cannot connect now
+//!   (starting up or in recovery), 57P04 database dropped, and 57014 query canceled, which is
+//!   also what `statement_timeout` raises: a server too slow to answer within the statement
+//!   timeout is treated like one that does not answer, the same rule the commit path applies
+//!   to its own commit timeout. The statement rolled back, so a retry is safe.
+//!
+//! Everything else (a constraint, a lock timeout 55P03, serialization 40001, deadlock 40P01,
+//! a corrupt stored segment, a payload that is not JSON) is "this operation failed": the HTTP
+//! edge answers 500, the transaction route rolls back and reports it, a commit fails its items.
+//! (A committer that cannot open its own connection at all, or whose commit outlives
+//! `commit_timeout`, also counts as unreachable: see `storage::commit::PgStore`.)
+//!
+//! `tests/storage_errors.rs` checks this against real errors from a real PostgreSQL.
 
-/// Whether a database error means "PostgreSQL is unreachable or going away" (retryable) rather
-/// than "this statement failed".
-pub fn is_unreachable(e: &sqlx::Error) -> bool {
+use crate::storage::frames::FrameError;
+
+/// Why a storage operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// A statement or the connection failed.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    /// The migrations could not be applied (other than a failed statement or PostgreSQL being
+    /// away, which are [`StorageError::Database`]).
+    #[error("migrations failed: {0}")]
+    Migrate(#[source] sqlx::migrate::MigrateError),
+    /// A stored segment's frames do not decode.
+    #[error("partition {partition}: {source}")]
+    CorruptSegment {
+        /// The partition's id.
+        partition: i64,
+        /// What is wrong with the bytes.
+        #[source]
+        source: FrameError,
+    },
+    /// A stored payload is not JSON (it was validated on the way in, so this is corruption).
+    #[error("{what} holds a payload that is not JSON: {source}")]
+    PayloadNotJson {
+        /// Which message or letter.
+        what: String,
+        /// The parser's complaint.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A partition that a write needed could not be created, or was deleted meanwhile.
+    #[error("{0}")]
+    PartitionGone(String),
+}
+
+impl StorageError {
+    /// Whether PostgreSQL is unreachable or going away (retryable), rather than "this
+    /// operation failed"; the module docs list what counts.
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            Self::Database(e) => sqlx_unreachable(e),
+            _ => false,
+        }
+    }
+
+    /// The SQLSTATE of a database error, if PostgreSQL sent one.
+    pub fn sqlstate(&self) -> Option<String> {
+        match self {
+            Self::Database(sqlx::Error::Database(db)) => db.code().map(|c| c.into_owned()),
+            _ => None,
+        }
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for StorageError {
+    fn from(e: sqlx::migrate::MigrateError) -> Self {
+        match e {
+            sqlx::migrate::MigrateError::Execute(e) => Self::Database(e),
+            other => Self::Migrate(other),
+        }
+    }
+}
+
+fn sqlx_unreachable(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => true,
-        // Class 08: connection exception; class 57: operator intervention (shutdown, ...).
         sqlx::Error::Database(db) => db
             .code()
             .is_some_and(|c| c.starts_with("08") || c.starts_with("57")),

@@ -9,6 +9,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::storage::consume::start_offset_sql;
+use crate::storage::error::StorageError;
 
 /// Where each subscribed group stands on each partition of its queues; `$1` filters by group
 /// (NULL = all). A partition the group never touched starts where its subscription says.
@@ -77,7 +78,7 @@ pub struct GroupSummary {
 /// # Errors
 ///
 /// Any database error.
-pub async fn list(conn: &mut PgConnection) -> sqlx::Result<Vec<GroupSummary>> {
+pub async fn list(conn: &mut PgConnection) -> Result<Vec<GroupSummary>, StorageError> {
     let positions = positions();
     sqlx::query_as(&format!(
         "{positions}
@@ -96,6 +97,7 @@ pub async fn list(conn: &mut PgConnection) -> sqlx::Result<Vec<GroupSummary>> {
     .bind(None::<String>)
     .fetch_all(conn)
     .await
+    .map_err(StorageError::from)
 }
 
 /// One partition of a group.
@@ -138,7 +140,7 @@ const PARTITION_COLUMNS: &str = "consumer_group, queue, partition, partition_uui
 pub async fn lagging(
     conn: &mut PgConnection,
     min_lag_secs: i64,
-) -> sqlx::Result<Vec<PartitionLag>> {
+) -> Result<Vec<PartitionLag>, StorageError> {
     let positions = positions();
     sqlx::query_as(&format!(
         "{positions}
@@ -151,6 +153,7 @@ pub async fn lagging(
     .bind(min_lag_secs as f64)
     .fetch_all(conn)
     .await
+    .map_err(StorageError::from)
 }
 
 /// Every partition of every queue the group subscribed to.
@@ -158,7 +161,10 @@ pub async fn lagging(
 /// # Errors
 ///
 /// Any database error.
-pub async fn partitions(conn: &mut PgConnection, group: &str) -> sqlx::Result<Vec<PartitionLag>> {
+pub async fn partitions(
+    conn: &mut PgConnection,
+    group: &str,
+) -> Result<Vec<PartitionLag>, StorageError> {
     let positions = positions();
     sqlx::query_as(&format!(
         "{positions}
@@ -169,6 +175,7 @@ pub async fn partitions(conn: &mut PgConnection, group: &str) -> sqlx::Result<Ve
     .bind(group)
     .fetch_all(conn)
     .await
+    .map_err(StorageError::from)
 }
 
 /// Avg, median, min and max of one lag measure.
@@ -191,7 +198,7 @@ pub struct Spread {
 /// # Errors
 ///
 /// Any database error.
-pub async fn lag_summary(conn: &mut PgConnection) -> sqlx::Result<(Spread, Spread)> {
+pub async fn lag_summary(conn: &mut PgConnection) -> Result<(Spread, Spread), StorageError> {
     let positions = positions();
     type Row = (f64, f64, f64, f64, f64, f64, f64, f64);
     let r: Row = sqlx::query_as(&format!(
@@ -238,7 +245,7 @@ pub async fn delete(
     group: &str,
     queue: Option<&str>,
     metadata: bool,
-) -> sqlx::Result<(u64, u64)> {
+) -> Result<(u64, u64), StorageError> {
     let rows = sqlx::query(
         "DELETE FROM queen.partition_consumers c
           WHERE c.consumer_group = $1
@@ -289,7 +296,7 @@ pub async fn set_subscription(
     conn: &mut PgConnection,
     group: &str,
     from: DateTime<Utc>,
-) -> sqlx::Result<u64> {
+) -> Result<u64, StorageError> {
     Ok(sqlx::query(
         "UPDATE queen.consumer_subscriptions
             SET subscription_mode = 'timestamp', subscription_from = $2,
@@ -324,7 +331,7 @@ pub async fn seek_queue(
     group: &str,
     queue: &str,
     target: SeekTarget,
-) -> sqlx::Result<u64> {
+) -> Result<u64, StorageError> {
     let at = match target {
         SeekTarget::End => None,
         SeekTarget::At(t) => Some(t),
@@ -369,7 +376,7 @@ pub async fn seek_partition_to_end(
     group: &str,
     queue: &str,
     partition: &str,
-) -> sqlx::Result<Option<i64>> {
+) -> Result<Option<i64>, StorageError> {
     sqlx::query_scalar(
         "INSERT INTO queen.partition_consumers (partition_id, consumer_group, queue_id, committed_offset)
          SELECT p.id, $1, p.queue_id, p.next_offset
@@ -389,4 +396,5 @@ pub async fn seek_partition_to_end(
     .bind(partition)
     .fetch_optional(conn)
     .await
+    .map_err(StorageError::from)
 }

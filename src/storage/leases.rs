@@ -8,6 +8,8 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::storage::error::StorageError;
+
 /// Why a lease could not be extended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExtendError {
@@ -40,7 +42,7 @@ pub async fn extend(
     conn: &mut PgConnection,
     lease_id: Uuid,
     seconds: i64,
-) -> sqlx::Result<Result<DateTime<Utc>, ExtendError>> {
+) -> Result<Result<DateTime<Utc>, ExtendError>, StorageError> {
     let extended: Option<DateTime<Utc>> = sqlx::query_scalar(
         "WITH extended AS (
              UPDATE queen.partition_consumers
@@ -76,7 +78,7 @@ pub async fn extend(
 /// # Errors
 ///
 /// Any database error.
-pub async fn not_live(conn: &mut PgConnection, ids: &[Uuid]) -> sqlx::Result<Vec<Uuid>> {
+pub async fn not_live(conn: &mut PgConnection, ids: &[Uuid]) -> Result<Vec<Uuid>, StorageError> {
     sqlx::query_scalar(
         "SELECT x.id
            FROM unnest($1::uuid[]) AS x(id)
@@ -88,4 +90,5 @@ pub async fn not_live(conn: &mut PgConnection, ids: &[Uuid]) -> sqlx::Result<Vec
     .bind(ids)
     .fetch_all(conn)
     .await
+    .map_err(StorageError::from)
 }

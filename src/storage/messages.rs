@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::storage::error::StorageError;
 use crate::storage::progress::{self, DeadCounts, GroupProgress, Mode, Progress};
 use crate::storage::{dedup, frames};
 
@@ -120,7 +121,11 @@ struct States {
 
 impl States {
     /// Loads what `heads` need and is not loaded yet: two statements, whatever their number.
-    async fn load(&mut self, conn: &mut PgConnection, heads: &[SegmentHead]) -> sqlx::Result<()> {
+    async fn load(
+        &mut self,
+        conn: &mut PgConnection,
+        heads: &[SegmentHead],
+    ) -> Result<(), StorageError> {
         let mut new: Vec<i64> = heads
             .iter()
             .map(|h| h.partition_id)
@@ -250,7 +255,7 @@ pub async fn list(
     status: Option<MessageStatus>,
     skip: usize,
     limit: usize,
-) -> sqlx::Result<Page> {
+) -> Result<Page, StorageError> {
     let want = skip + limit;
     let mut states = States::default();
     // The segments the page touches, and how many of each one's newest matching messages to
@@ -331,7 +336,7 @@ async fn heads(
     filter: &Filter,
     after: Option<(DateTime<Utc>, i64, i64)>,
     limit: usize,
-) -> sqlx::Result<Vec<SegmentHead>> {
+) -> Result<Vec<SegmentHead>, StorageError> {
     let (at, pid, base) = after.map_or((None, None, None), |(a, p, b)| (Some(a), Some(p), Some(b)));
     sqlx::query_as(&format!(
         "SELECT {HEAD_COLUMNS}
@@ -360,6 +365,7 @@ async fn heads(
     .bind(base)
     .fetch_all(conn)
     .await
+    .map_err(StorageError::from)
 }
 
 /// A found message with what its consumers have done with it, as the detail route shows it.
@@ -384,7 +390,7 @@ pub async fn detail(
     conn: &mut PgConnection,
     partition: Uuid,
     transaction_id: &str,
-) -> sqlx::Result<Option<Detail>> {
+) -> Result<Option<Detail>, StorageError> {
     let Some(message) = find(&mut *conn, partition, transaction_id).await? else {
         return Ok(None);
     };
@@ -423,7 +429,7 @@ pub async fn find(
     conn: &mut PgConnection,
     partition: Uuid,
     transaction_id: &str,
-) -> sqlx::Result<Option<StoredMessage>> {
+) -> Result<Option<StoredMessage>, StorageError> {
     const CHUNK: i64 = 64;
     let head_sql = format!(
         "SELECT {HEAD_COLUMNS}
@@ -477,7 +483,7 @@ async fn search(
     conn: &mut PgConnection,
     heads: &[SegmentHead],
     transaction_id: &str,
-) -> sqlx::Result<Option<StoredMessage>> {
+) -> Result<Option<StoredMessage>, StorageError> {
     if heads.is_empty() {
         return Ok(None);
     }
@@ -502,7 +508,7 @@ async fn search(
 async fn segment_frames(
     conn: &mut PgConnection,
     keys: &[(i64, i64)],
-) -> sqlx::Result<Vec<Vec<u8>>> {
+) -> Result<Vec<Vec<u8>>, StorageError> {
     if keys.is_empty() {
         return Ok(Vec::new());
     }
@@ -530,15 +536,13 @@ async fn segment_frames(
 }
 
 /// Decodes a segment's frames into messages, oldest first.
-fn decode(head: &SegmentHead, bytes: &[u8]) -> sqlx::Result<Vec<StoredMessage>> {
+fn decode(head: &SegmentHead, bytes: &[u8]) -> Result<Vec<StoredMessage>, StorageError> {
     if bytes.is_empty() {
         return Ok(Vec::new());
     }
-    let decoded = frames::decode(bytes).map_err(|e| {
-        sqlx::Error::Protocol(format!(
-            "partition {} segment {}: {e}",
-            head.partition_id, head.base_offset
-        ))
+    let decoded = frames::decode(bytes).map_err(|source| StorageError::CorruptSegment {
+        partition: head.partition_id,
+        source,
     })?;
     Ok(decoded
         .into_iter()

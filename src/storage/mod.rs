@@ -42,16 +42,28 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
 use crate::settings::Settings;
+pub use crate::storage::error::StorageError;
 
 /// The migrations in `migrations/`, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Applies the migrations that are not applied yet (brokers starting together take turns on
+/// the migrator's advisory lock).
+///
+/// # Errors
+///
+/// [`StorageError::Database`] when a statement failed or PostgreSQL is away (see
+/// [`StorageError::is_unreachable`]), [`StorageError::Migrate`] for anything else.
+pub async fn migrate(pool: &PgPool) -> Result<(), StorageError> {
+    MIGRATOR.run(pool).await.map_err(StorageError::from)
+}
 
 /// Connection options for `url` with the session timeouts from `settings`.
 ///
 /// # Errors
 ///
 /// When the URL does not parse.
-pub fn connect_options(url: &str, settings: &Settings) -> Result<PgConnectOptions, sqlx::Error> {
+pub fn connect_options(url: &str, settings: &Settings) -> Result<PgConnectOptions, StorageError> {
     let options: PgConnectOptions = url.parse()?;
     Ok(options.application_name("queen-broker").options([
         (

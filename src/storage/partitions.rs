@@ -6,6 +6,8 @@ use broker_actors::PartitionKey;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::storage::error::StorageError;
+
 /// Namespace and task derived from a queue name on auto-create: the text before the first `.`,
 /// and the text between the first and second `.` (both empty without a dot).
 pub fn derived_namespace_task(queue: &str) -> (&str, &str) {
@@ -28,7 +30,7 @@ pub fn derived_namespace_task(queue: &str) -> (&str, &str) {
 pub async fn resolve_ids(
     conn: &mut PgConnection,
     keys: &[&PartitionKey],
-) -> sqlx::Result<HashMap<PartitionKey, i64>> {
+) -> Result<HashMap<PartitionKey, i64>, StorageError> {
     let mut sorted: Vec<&PartitionKey> = keys.to_vec();
     sorted.sort();
     sorted.dedup();
@@ -108,7 +110,10 @@ pub async fn resolve_ids(
 /// # Errors
 ///
 /// Any database error.
-pub async fn uuids(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<HashMap<i64, Uuid>> {
+pub async fn uuids(
+    conn: &mut PgConnection,
+    ids: &[i64],
+) -> Result<HashMap<i64, Uuid>, StorageError> {
     let rows: Vec<(i64, Uuid)> = sqlx::query_as(
         "SELECT id, uuid
            FROM queen.partitions

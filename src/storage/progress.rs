@@ -25,6 +25,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 use crate::storage::consume::QUEUE_MODE;
+use crate::storage::error::StorageError;
 
 /// The consumer state of one partition.
 #[derive(Debug, Clone, Default, PartialEq, Eq, sqlx::FromRow)]
@@ -271,7 +272,7 @@ pub(crate) fn progress_joins() -> String {
 pub async fn of_partitions(
     conn: &mut PgConnection,
     partition_ids: &[i64],
-) -> sqlx::Result<Vec<(i64, Progress)>> {
+) -> Result<Vec<(i64, Progress)>, StorageError> {
     #[derive(sqlx::FromRow)]
     struct Row {
         id: i64,
@@ -300,7 +301,7 @@ pub async fn of_partitions(
 pub async fn dead_counts(
     conn: &mut PgConnection,
     ranges: &[(i64, Range<i64>, &Progress)],
-) -> sqlx::Result<Vec<(i64, DeadCounts)>> {
+) -> Result<Vec<(i64, DeadCounts)>, StorageError> {
     if ranges.is_empty() {
         return Ok(Vec::new());
     }
@@ -362,7 +363,7 @@ pub async fn dead_counts(
 pub async fn dead_offsets(
     conn: &mut PgConnection,
     ranges: &[(i64, Range<i64>)],
-) -> sqlx::Result<Vec<(i64, i64)>> {
+) -> Result<Vec<(i64, i64)>, StorageError> {
     if ranges.is_empty() {
         return Ok(Vec::new());
     }
@@ -380,6 +381,7 @@ pub async fn dead_offsets(
     .bind(&ends)
     .fetch_all(conn)
     .await
+    .map_err(StorageError::from)
 }
 
 /// One group of a partition, as the message detail shows it.
@@ -401,7 +403,7 @@ pub struct GroupProgress {
 pub async fn groups_of(
     conn: &mut PgConnection,
     partition_id: i64,
-) -> sqlx::Result<Vec<GroupProgress>> {
+) -> Result<Vec<GroupProgress>, StorageError> {
     sqlx::query_as(
         "SELECT g.consumer_group, g.consumed_below, c.lease_expires_at
            FROM queen.partition_group_progress g
@@ -415,6 +417,7 @@ pub async fn groups_of(
     .bind(partition_id)
     .fetch_all(conn)
     .await
+    .map_err(StorageError::from)
 }
 
 /// Why and after how many retries a message was dead-lettered (the latest, when several
@@ -427,7 +430,7 @@ pub async fn dead_letter_of(
     conn: &mut PgConnection,
     partition_id: i64,
     offset: i64,
-) -> sqlx::Result<Option<(Option<String>, i32)>> {
+) -> Result<Option<(Option<String>, i32)>, StorageError> {
     sqlx::query_as(
         "SELECT error_message, retry_count
            FROM queen.dead_letters
@@ -439,6 +442,7 @@ pub async fn dead_letter_of(
     .bind(offset)
     .fetch_optional(conn)
     .await
+    .map_err(StorageError::from)
 }
 
 #[cfg(test)]

@@ -9,6 +9,8 @@ use serde::Serialize;
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
+use crate::storage::error::StorageError;
+
 /// Every option of a queue, with Queen's defaults (reference §7). Serialises with the wire's
 /// camelCase names, so `/configure` echoes it as `options`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
@@ -98,7 +100,7 @@ pub async fn configure(
     namespace: &str,
     task: &str,
     o: &QueueOptions,
-) -> sqlx::Result<Configured> {
+) -> Result<Configured, StorageError> {
     let mut tx = conn.begin().await?;
     let updates = OPTION_COLUMNS
         .split(", ")
@@ -183,7 +185,7 @@ pub struct Queue {
 /// # Errors
 ///
 /// Any database error.
-pub async fn find(conn: &mut PgConnection, name: &str) -> sqlx::Result<Option<Queue>> {
+pub async fn find(conn: &mut PgConnection, name: &str) -> Result<Option<Queue>, StorageError> {
     sqlx::query_as(&format!(
         "SELECT id, uuid, name, namespace, task, created_at, {OPTION_COLUMNS}
            FROM queen.queues
@@ -192,6 +194,7 @@ pub async fn find(conn: &mut PgConnection, name: &str) -> sqlx::Result<Option<Qu
     .bind(name)
     .fetch_optional(conn)
     .await
+    .map_err(StorageError::from)
 }
 
 /// Every queue, highest priority first, then by name.
@@ -199,7 +202,7 @@ pub async fn find(conn: &mut PgConnection, name: &str) -> sqlx::Result<Option<Qu
 /// # Errors
 ///
 /// Any database error.
-pub async fn all(conn: &mut PgConnection) -> sqlx::Result<Vec<Queue>> {
+pub async fn all(conn: &mut PgConnection) -> Result<Vec<Queue>, StorageError> {
     sqlx::query_as(&format!(
         "SELECT id, uuid, name, namespace, task, created_at, {OPTION_COLUMNS}
            FROM queen.queues
@@ -207,6 +210,7 @@ pub async fn all(conn: &mut PgConnection) -> sqlx::Result<Vec<Queue>> {
     ))
     .fetch_all(conn)
     .await
+    .map_err(StorageError::from)
 }
 
 /// Deletes the queue with everything it holds: partitions and segments (by cascade) and the
@@ -220,7 +224,7 @@ pub async fn all(conn: &mut PgConnection) -> sqlx::Result<Vec<Queue>> {
 /// # Errors
 ///
 /// Any database error.
-pub async fn delete(conn: &mut PgConnection, name: &str) -> sqlx::Result<bool> {
+pub async fn delete(conn: &mut PgConnection, name: &str) -> Result<bool, StorageError> {
     let mut tx = conn.begin().await?;
     let queue_id: Option<i64> =
         sqlx::query_scalar("SELECT id FROM queen.queues WHERE name = $1 FOR UPDATE")

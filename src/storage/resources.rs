@@ -15,6 +15,7 @@ use serde::Serialize;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::storage::error::StorageError;
 use crate::storage::progress::{self, DeadCounts, Progress, PROGRESS_COLUMNS};
 
 /// One partition and what its segments say.
@@ -69,7 +70,7 @@ impl PartitionRow {
 pub async fn partitions(
     conn: &mut PgConnection,
     queue_id: Option<i64>,
-) -> sqlx::Result<Vec<PartitionRow>> {
+) -> Result<Vec<PartitionRow>, StorageError> {
     let mut rows: Vec<PartitionRow> = sqlx::query_as(&format!(
         "SELECT p.id, p.uuid, p.queue_id, p.name, p.created_at, p.next_offset,
                 f.base_offset AS first_offset, f.created_at AS oldest_at, l.created_at AS newest_at,
@@ -158,7 +159,7 @@ pub fn message_counts(p: &PartitionRow) -> MessageCounts {
 /// # Errors
 ///
 /// Any database error.
-pub async fn ingested_per_second(conn: &mut PgConnection) -> sqlx::Result<f64> {
+pub async fn ingested_per_second(conn: &mut PgConnection) -> Result<f64, StorageError> {
     let last_minute: i64 = sqlx::query_scalar(
         "SELECT COALESCE(sum(msg_count), 0)::int8
            FROM queen.segments

@@ -21,6 +21,8 @@ use std::time::Duration;
 
 use sqlx::{PgConnection, PgPool};
 
+use crate::storage::error::StorageError;
+
 /// What one retention statement removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Removed {
@@ -41,7 +43,7 @@ pub async fn remove_expired(
     conn: &mut PgConnection,
     limit: i64,
     from_partition: i64,
-) -> sqlx::Result<(Removed, Option<i64>)> {
+) -> Result<(Removed, Option<i64>), StorageError> {
     // Per partition, `age_end` is the base offset of the first segment young enough to stay by
     // age (everything before it goes), `done_end` the same for completed retention, capped by
     // what every group has consumed. Both are index probes on the segments' primary key that
@@ -126,7 +128,7 @@ pub const REMOVE_SQL: &str = "WITH doomed AS (
 /// # Errors
 ///
 /// Any database error (what was removed before it stays removed).
-pub async fn sweep(pool: &PgPool, batch: i64) -> sqlx::Result<Removed> {
+pub async fn sweep(pool: &PgPool, batch: i64) -> Result<Removed, StorageError> {
     let mut total = Removed::default();
     let mut from = i64::MIN;
     loop {

@@ -2,6 +2,8 @@
 
 use sqlx::PgExecutor;
 
+use crate::storage::error::StorageError;
+
 /// Key of push maintenance mode.
 pub const MAINTENANCE: &str = "maintenance_mode";
 /// Key of pop maintenance mode.
@@ -12,7 +14,7 @@ pub const POP_MAINTENANCE: &str = "pop_maintenance_mode";
 /// # Errors
 ///
 /// Any database error.
-pub async fn flag<'e>(db: impl PgExecutor<'e>, key: &str) -> sqlx::Result<bool> {
+pub async fn flag<'e>(db: impl PgExecutor<'e>, key: &str) -> Result<bool, StorageError> {
     let enabled: Option<bool> = sqlx::query_scalar(
         "SELECT (value ->> 'enabled')::boolean
            FROM queen.system_state
@@ -30,7 +32,11 @@ pub async fn flag<'e>(db: impl PgExecutor<'e>, key: &str) -> sqlx::Result<bool> 
 /// # Errors
 ///
 /// Any database error.
-pub async fn set_flag<'e>(db: impl PgExecutor<'e>, key: &str, enabled: bool) -> sqlx::Result<()> {
+pub async fn set_flag<'e>(
+    db: impl PgExecutor<'e>,
+    key: &str,
+    enabled: bool,
+) -> Result<(), StorageError> {
     sqlx::query(
         "INSERT INTO queen.system_state (key, value, updated_at)
          VALUES ($1, jsonb_build_object('enabled', $2::boolean), now())
@@ -50,7 +56,7 @@ pub async fn set_flag<'e>(db: impl PgExecutor<'e>, key: &str, enabled: bool) -> 
 /// # Errors
 ///
 /// Any database error.
-pub async fn round_trip<'e>(db: impl PgExecutor<'e>) -> sqlx::Result<bool> {
+pub async fn round_trip<'e>(db: impl PgExecutor<'e>) -> Result<bool, StorageError> {
     let one: i32 = sqlx::query_scalar("SELECT 1").fetch_one(db).await?;
     Ok(one == 1)
 }

@@ -19,7 +19,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::storage::acks::{self, Ack, AckMode, AckOutcome};
-use crate::storage::error::is_unreachable;
+use crate::storage::error::StorageError;
 use crate::storage::{commit, leases, partitions};
 
 /// One push item of the transaction, with where its result goes.
@@ -77,8 +77,8 @@ pub struct Outcome {
 ///
 /// # Errors
 ///
-/// An error for which [`is_unreachable`] holds.
-pub async fn apply(conn: &mut PgConnection, req: &Request) -> sqlx::Result<Outcome> {
+/// An error for which [`StorageError::is_unreachable`] holds.
+pub async fn apply(conn: &mut PgConnection, req: &Request) -> Result<Outcome, StorageError> {
     // One segment per partition, items in request order.
     let mut writes: Vec<SegmentWrite> = Vec::new();
     let mut slots: Vec<Vec<usize>> = Vec::new();
@@ -138,10 +138,10 @@ pub async fn apply(conn: &mut PgConnection, req: &Request) -> sqlx::Result<Outco
     if !writes.is_empty() {
         let outcomes = match commit::write_segments(&mut tx, &writes, &ids)
             .await
-            .map_err(sqlx::Error::from)
+            .map_err(StorageError::from)
         {
             Ok(o) => o,
-            Err(e) if !is_unreachable(&e) => return Ok(fail(results, e.to_string())),
+            Err(e) if !e.is_unreachable() => return Ok(fail(results, e.to_string())),
             Err(e) => return Err(e),
         };
         for ((write, outcome), members) in writes.iter().zip(&outcomes).zip(&slots) {
@@ -168,7 +168,7 @@ pub async fn apply(conn: &mut PgConnection, req: &Request) -> sqlx::Result<Outco
     if !req.acks.is_empty() {
         let outcomes = match acks::apply(&mut tx, &req.acks, AckMode::Transaction).await {
             Ok(o) => o,
-            Err(e) if !is_unreachable(&e) => return Ok(fail(results, e.to_string())),
+            Err(e) if !e.is_unreachable() => return Ok(fail(results, e.to_string())),
             Err(e) => return Err(e),
         };
         let mut first_error = None;
@@ -187,13 +187,13 @@ pub async fn apply(conn: &mut PgConnection, req: &Request) -> sqlx::Result<Outco
             return Ok(fail(results, error));
         }
     }
-    match tx.commit().await {
+    match tx.commit().await.map_err(StorageError::from) {
         Ok(()) => Ok(Outcome {
             results: results.into_iter().flatten().collect(),
             error: None,
             woken,
         }),
-        Err(e) if !is_unreachable(&e) => Ok(fail(Vec::new(), e.to_string())),
+        Err(e) if !e.is_unreachable() => Ok(fail(Vec::new(), e.to_string())),
         Err(e) => Err(e),
     }
 }
