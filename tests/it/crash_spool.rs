@@ -3,9 +3,10 @@
 //! corrupt record still replays its good records.
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
-use crate::support::{fresh_db, spawn_app_with, test_settings};
+use crate::support::{eventually, fresh_db, spawn_app_with, test_settings};
 use broker_actors::spool::record;
 use broker_actors::{Item, PartitionKey};
 use serde_json::json;
@@ -30,16 +31,17 @@ fn start_broker(db_url: &str, port: u16, spool: &std::path::Path) -> Child {
 }
 
 async fn wait_healthy(client: &awc::Client, base: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(res) = client.get(format!("{base}/health")).send().await {
-            if res.status().as_u16() == 200 {
-                return;
-            }
+    let url = format!("{base}/health");
+    eventually(Duration::from_secs(30), "the broker is healthy", || {
+        let request = client.get(&url).send();
+        async move {
+            request
+                .await
+                .is_ok_and(|r| r.status().as_u16() == 200)
+                .then_some(())
         }
-        assert!(Instant::now() < deadline, "broker not healthy");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
 }
 
 async fn post(
@@ -73,8 +75,10 @@ async fn sigkill_mid_load_loses_nothing_that_was_answered_buffered() {
     assert_eq!(status, 200);
 
     // Two producers push one item per request, in sequence; the broker dies mid-load.
+    let answers: [AtomicUsize; 2] = Default::default();
     let producer = |p: usize| {
         let (client, url) = (client.clone(), format!("{base}/api/v1/push"));
+        let answers = &answers[p];
         async move {
             let mut answered = Vec::new();
             for n in 0..400 {
@@ -83,6 +87,7 @@ async fn sigkill_mid_load_loses_nothing_that_was_answered_buffered() {
                     Some((201, body)) => {
                         assert_eq!(body[0]["status"], "buffered");
                         answered.push(n);
+                        answers.fetch_add(1, Ordering::SeqCst);
                     }
                     _ => break, // the broker is gone
                 }
@@ -91,7 +96,19 @@ async fn sigkill_mid_load_loses_nothing_that_was_answered_buffered() {
         }
     };
     let killer = async {
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        // Mid-load: both producers have had answers, and keep pushing.
+        let answers = &answers;
+        eventually(
+            Duration::from_secs(30),
+            "both producers have answers",
+            move || async move {
+                answers
+                    .iter()
+                    .all(|a| a.load(Ordering::SeqCst) >= 25)
+                    .then_some(())
+            },
+        )
+        .await;
         broker.kill().unwrap(); // SIGKILL
         broker.wait().unwrap();
     };
@@ -115,20 +132,15 @@ async fn sigkill_mid_load_loses_nothing_that_was_answered_buffered() {
     .await
     .unwrap();
     assert_eq!(status, 200);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut res = client
-            .get(format!("{base}/api/v1/system/maintenance"))
-            .send()
-            .await
-            .unwrap();
-        let body: serde_json::Value = res.json().await.unwrap();
-        if body["bufferedMessages"] == 0 {
-            break;
+    let url = format!("{base}/api/v1/system/maintenance");
+    eventually(Duration::from_secs(60), "the spool drains", || {
+        let request = client.get(&url).send();
+        async move {
+            let body: serde_json::Value = request.await.unwrap().json().await.unwrap();
+            (body["bufferedMessages"] == 0).then_some(())
         }
-        assert!(Instant::now() < deadline, "spool did not drain: {body}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     broker.kill().unwrap();
     broker.wait().unwrap();
 

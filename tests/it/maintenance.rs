@@ -1,10 +1,10 @@
 //! Maintenance mode: every push spooled and answered `buffered`, replay paused, the state shared
 //! through PostgreSQL; turning it off drains the spool.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 
-use crate::support::{fresh_db, spawn_app, test_settings};
+use crate::support::{eventually, fresh_db, spawn_app, test_settings};
 use serde_json::json;
 
 #[actix_web::test]
@@ -63,14 +63,14 @@ async fn every_broker_on_the_database_follows_the_flag() {
     first
         .post("/api/v1/system/maintenance", &json!({ "enabled": true }))
         .await;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !second.broker.state.spool.state.maintenance() {
-        assert!(
-            Instant::now() < deadline,
-            "the second broker did not pick up maintenance mode"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // The flag is polled from PostgreSQL every second: wait for the second broker to see it.
+    let flags = &second.broker.state.spool.state;
+    eventually(
+        Duration::from_secs(5),
+        "the second broker picks up maintenance mode",
+        move || async move { flags.maintenance().then_some(()) },
+    )
+    .await;
     let reply = second.push(json!([{ "queue": "m", "payload": 1 }])).await;
     assert_eq!(reply.body[0]["status"], "buffered");
 }
@@ -81,8 +81,12 @@ async fn maintenance_under_load_hides_everything_until_it_is_turned_off() {
     let app = spawn_app(&db).await;
     let on = AtomicBool::new(false);
     let stop = AtomicBool::new(false);
+    // Per producer: pushes answered, and pushes answered that were sent after the switch.
+    let answered_total: [AtomicUsize; 3] = Default::default();
+    let answered_on: [AtomicUsize; 3] = Default::default();
     let producer = |p: usize| {
         let (app, on, stop) = (&app, &on, &stop);
+        let (answered_total, answered_on) = (&answered_total[p], &answered_on[p]);
         async move {
             let mut answered = 0usize;
             while !stop.load(Ordering::SeqCst) && answered < 2_000 {
@@ -96,12 +100,17 @@ async fn maintenance_under_load_hides_everything_until_it_is_turned_off() {
                 }
                 assert!(status == "queued" || status == "buffered", "{status}");
                 answered += 1;
+                answered_total.fetch_add(1, Ordering::SeqCst);
+                if was_on {
+                    answered_on.fetch_add(1, Ordering::SeqCst);
+                }
             }
             answered
         }
     };
     let operator = async {
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        // The load is running: every producer has had pushes answered.
+        each_reaches(&answered_total, 20, "pushes answered before the switch").await;
         assert_eq!(
             app.post("/api/v1/system/maintenance", &json!({ "enabled": true }))
                 .await
@@ -109,10 +118,12 @@ async fn maintenance_under_load_hides_everything_until_it_is_turned_off() {
             200
         );
         on.store(true, Ordering::SeqCst);
-        // Let every write started before the switch settle, then count what is visible.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // A producer sends one push at a time: once a push sent after the switch is answered,
+        // every write it started before the switch is settled. Then count what is visible.
+        each_reaches(&answered_on, 1, "a push sent after the switch answered").await;
         let visible = total(&db).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // While maintenance is on, each producer has 20 more pushes answered (buffered).
+        each_reaches(&answered_on, 21, "pushes answered in maintenance").await;
         assert_eq!(
             total(&db).await,
             visible,
@@ -142,6 +153,17 @@ async fn maintenance_under_load_hides_everything_until_it_is_turned_off() {
             "p{p}: every item once, in order"
         );
     }
+}
+
+/// Resolves once every producer's counter has reached `n`.
+async fn each_reaches(counters: &[AtomicUsize], n: usize, what: &str) {
+    eventually(Duration::from_secs(30), what, move || async move {
+        counters
+            .iter()
+            .all(|c| c.load(Ordering::SeqCst) >= n)
+            .then_some(())
+    })
+    .await;
 }
 
 async fn total(db: &crate::support::TestDb) -> i64 {

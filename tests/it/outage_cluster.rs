@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::support::{spawn_app_with, TestDb};
+use crate::support::{eventually, spawn_app_with, TestDb};
 use queen_broker::pg::{free_port, PrivateCluster};
 use serde_json::json;
 use uuid::Uuid;
@@ -58,15 +58,13 @@ async fn stopping_postgresql_spools_and_starting_it_replays() {
         .collect();
     assert_eq!(keys, ["before", "during"]);
     // The pool recovers too.
-    let mut healthy = false;
-    for _ in 0..100 {
-        if app.get("/health").await.status == 200 {
-            healthy = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(healthy, "/health is 200 again");
+    let app = &app;
+    eventually(
+        Duration::from_secs(10),
+        "/health is 200 again",
+        move || async move { (app.get("/health").await.status == 200).then_some(()) },
+    )
+    .await;
 }
 
 #[actix_web::test]

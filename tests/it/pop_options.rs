@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use crate::support::consuming::*;
-use crate::support::{fresh_db, spawn_app};
+use crate::support::{eventually, fresh_db, spawn_app};
 
 #[actix_web::test]
 async fn a_delayed_message_is_invisible_until_its_delay_has_passed() {
@@ -70,14 +70,12 @@ async fn pop_maintenance_mode_answers_204_at_once() {
     db.exec("UPDATE queen.system_state SET value = '{\"enabled\": false}' WHERE key = 'pop_maintenance_mode'")
         .await;
     // The flag is cached for a second: poll until the broker has seen the change.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let reply = pop(&app, "q", "").await;
-        if reply.status == 200 {
-            assert_eq!(ns(&reply), vec![0]);
-            break;
-        }
-        assert!(Instant::now() < deadline, "pop maintenance never ended");
-        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
-    }
+    let app = &app;
+    let reply = eventually(
+        Duration::from_secs(10),
+        "pop maintenance ends",
+        move || async move { Some(pop(app, "q", "").await).filter(|r| r.status == 200) },
+    )
+    .await;
+    assert_eq!(ns(&reply), vec![0]);
 }

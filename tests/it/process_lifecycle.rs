@@ -4,7 +4,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::fresh_db;
+use crate::support::{eventually, fresh_db};
 use serde_json::json;
 use sqlx::Connection;
 
@@ -147,7 +147,17 @@ async fn sigterm_finishes_in_flight_commits_before_exiting() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         sigterm(&child);
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The event: the broker has begun its graceful stop (it no longer accepts connections).
+        let addr = format!("127.0.0.1:{port}");
+        eventually(
+            Duration::from_secs(10),
+            "the broker stops accepting",
+            || {
+                let connect = tokio::net::TcpStream::connect(addr.clone());
+                async move { connect.await.is_err().then_some(()) }
+            },
+        )
+        .await;
         assert!(
             child.try_wait().unwrap().is_none(),
             "the broker waits for its in-flight commit"

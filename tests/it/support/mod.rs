@@ -3,10 +3,11 @@
 //! broker on 127.0.0.1:0. `auth`, `consuming` and `proxy` hold the helpers of those areas.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub mod auth;
 pub mod consuming;
@@ -19,6 +20,24 @@ use queen_broker::storage::{self, frames};
 use serde_json::Value;
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
+
+/// Waits for an event: polls `check` (every 10 ms) until it yields `Some`, and fails the test
+/// naming `what` when `within` has passed first. Tests wait on what they expect to see, never
+/// for a fixed time.
+pub async fn eventually<T, F, Fut>(within: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(found) = check().await {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
 
 /// The PostgreSQL the tests of this binary use.
 pub struct TestPg {
@@ -373,11 +392,13 @@ impl TestApp {
 
     /// Waits (bounded) until the spool holds nothing left to replay.
     pub async fn drained(&self) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while self.broker.state.spool.state.records() > 0 {
-            assert!(std::time::Instant::now() < deadline, "spool did not drain");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let spool = &self.broker.state.spool.state;
+        eventually(
+            Duration::from_secs(60),
+            "the spool drains",
+            move || async move { (spool.records() == 0).then_some(()) },
+        )
+        .await;
     }
 
     /// Spool files in this broker's spool directory.

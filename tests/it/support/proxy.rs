@@ -111,6 +111,7 @@ async fn forward(
     let (mut cr, mut cw) = client.split();
     let (mut sr, mut sw) = server.split();
     let swallow = AtomicBool::new(false);
+    let answered = tokio::sync::Notify::new();
     let up = async {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
@@ -123,8 +124,9 @@ async fn forward(
             if is_commit && drop_commit.swap(false, Ordering::SeqCst) {
                 swallow.store(true, Ordering::SeqCst);
                 let _ = sw.write_all(chunk).await;
-                // Let PostgreSQL commit, then vanish before its answer is forwarded.
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                // Let PostgreSQL commit (its answer arriving is the event), then vanish before
+                // that answer is forwarded.
+                let _ = tokio::time::timeout(Duration::from_secs(10), answered.notified()).await;
                 dropped.fetch_add(1, Ordering::SeqCst);
                 return;
             }
@@ -141,6 +143,7 @@ async fn forward(
                 Ok(n) => n,
             };
             if swallow.load(Ordering::SeqCst) {
+                answered.notify_one();
                 continue;
             }
             if cw.write_all(&buf[..n]).await.is_err() {
