@@ -289,7 +289,11 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
         base: format!("http://127.0.0.1:{}", broker.port),
         broker,
         spool_dir,
+        // The broker closes a keep-alive connection idle for 5 s (actix-web's default); a
+        // pooled connection idle for longer than 1 s is not reused, so a slow test step never
+        // sends on a connection the broker is closing (a broken pipe).
         client: awc::Client::builder()
+            .connector(awc::Connector::new().conn_keep_alive(Duration::from_secs(1)))
             .timeout(Duration::from_secs(60))
             .finish(),
     }
