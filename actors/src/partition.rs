@@ -252,11 +252,11 @@ impl Handler<IdleCheck> for PartitionActor {
         let idle = !self.in_flight
             && self.pending.is_empty()
             && self.last_active.elapsed() >= self.limits.idle_after;
-        if idle {
-            // Leave the registry first: a push that already holds our address is refused
-            // with `Closing` and retried on a fresh actor.
+        // Leave the registry first, and only when no push is on its way here (a stopped
+        // actor's queued messages are dropped); a push sent straight to our address after that
+        // is refused with `Closing` and retried on a fresh actor.
+        if idle && self.registry.retire(&self.key, &ctx.address()) {
             self.closing = true;
-            self.registry.forget(&self.key, &ctx.address());
             ctx.stop();
         }
     }

@@ -1,12 +1,16 @@
 //! `Registry`: (queue, partition) → the partition's actor, created on demand.
 //!
 //! Actors run on a few dedicated arbiters (threads), chosen by the key's hash, so every HTTP
-//! worker reaches the same actor for a partition. An idle actor removes itself and stops; a push
-//! that raced with that is refused with `Closing` and [`Registry::push`] retries on a new actor.
+//! worker reaches the same actor for a partition. An idle actor removes itself and stops, but
+//! only when no push is on its way to it: [`Registry::push`] counts a push in the actor's entry
+//! from the lookup until the actor has read it, because actix drops the messages still queued
+//! in a stopped actor's mailbox. A push that finds the actor closing anyway (sent straight to its
+//! address) is refused with `Closing` and retried on a new actor.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use actix::prelude::*;
@@ -21,8 +25,23 @@ use crate::spool::SpoolHandle;
 /// How long a producer is asked to wait when the broker is saturated.
 pub const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// A live actor and the pushes on their way to it (looked up, not yet read by it).
+struct Entry {
+    addr: Addr<PartitionActor>,
+    in_transit: Arc<AtomicUsize>,
+}
+
+/// One push counted in its actor's entry until dropped.
+struct InTransit(Arc<AtomicUsize>);
+
+impl Drop for InTransit {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 struct Inner {
-    actors: Mutex<HashMap<PartitionKey, Addr<PartitionActor>>>,
+    actors: Mutex<HashMap<PartitionKey, Entry>>,
     arbiters: Vec<ArbiterHandle>,
     committers: CommitterPool,
     limits: PartitionLimits,
@@ -74,7 +93,7 @@ impl Registry {
                     .lock()
                     .expect("registry lock poisoned")
                     .values()
-                    .cloned()
+                    .map(|entry| entry.addr.clone())
                     .collect();
                 drop(inner);
                 for addr in actors {
@@ -86,10 +105,16 @@ impl Registry {
 
     /// The actor for `key`, started if there is none.
     pub fn actor(&self, key: &PartitionKey) -> Addr<PartitionActor> {
+        self.checkout(key).0
+    }
+
+    /// The actor for `key` (started if there is none) and a count of one push on its way to it.
+    fn checkout(&self, key: &PartitionKey) -> (Addr<PartitionActor>, InTransit) {
         let mut actors = self.inner.actors.lock().expect("registry lock poisoned");
-        if let Some(addr) = actors.get(key) {
-            if addr.connected() {
-                return addr.clone();
+        if let Some(entry) = actors.get(key) {
+            if entry.addr.connected() {
+                entry.in_transit.fetch_add(1, Ordering::AcqRel);
+                return (entry.addr.clone(), InTransit(entry.in_transit.clone()));
             }
         }
         let mut hasher = DefaultHasher::new();
@@ -105,15 +130,39 @@ impl Registry {
         let addr = PartitionActor::start_in_arbiter(arbiter, move |_| {
             PartitionActor::new(k, committers, registry, limits, spool)
         });
-        actors.insert(key.clone(), addr.clone());
-        addr
+        let in_transit = Arc::new(AtomicUsize::new(1));
+        actors.insert(
+            key.clone(),
+            Entry {
+                addr: addr.clone(),
+                in_transit: in_transit.clone(),
+            },
+        );
+        (addr, InTransit(in_transit))
     }
 
-    /// Removes `key` if it still maps to `addr` (called by a stopping actor).
+    /// Removes `key` if it still maps to `addr`.
     pub fn forget(&self, key: &PartitionKey, addr: &Addr<PartitionActor>) {
         let mut actors = self.inner.actors.lock().expect("registry lock poisoned");
-        if actors.get(key).is_some_and(|current| current == addr) {
+        if actors.get(key).is_some_and(|current| current.addr == *addr) {
             actors.remove(key);
+        }
+    }
+
+    /// Called by an idle actor: removes it, unless a push is on its way to it. Returns whether
+    /// it may stop (nothing can reach it through the registry any more).
+    pub fn retire(&self, key: &PartitionKey, addr: &Addr<PartitionActor>) -> bool {
+        let mut actors = self.inner.actors.lock().expect("registry lock poisoned");
+        match actors.get(key) {
+            Some(current) if current.addr == *addr => {
+                if current.in_transit.load(Ordering::Acquire) > 0 {
+                    return false;
+                }
+                actors.remove(key);
+                true
+            }
+            // Already replaced or forgotten: no new push can find it.
+            _ => true,
         }
     }
 
@@ -142,8 +191,10 @@ impl Registry {
         let mut push = Push { items, reply };
         // A few attempts cover an actor that stopped between lookup and send.
         for _ in 0..8 {
-            let addr = self.actor(key);
-            match addr.send(push).await {
+            let (addr, in_transit) = self.checkout(key);
+            let sent = addr.send(push).await;
+            drop(in_transit);
+            match sent {
                 Ok(Ok(())) => return verdicts.await.unwrap_or(Err(PushError::ActorStopped)),
                 Ok(Err(Refused::Overloaded(_))) => return Err(PushError::Overloaded(RETRY_AFTER)),
                 Ok(Err(Refused::Closing(returned))) => {

@@ -9,8 +9,11 @@ use crate::storage::system;
 
 /// Readiness: 200 when `SELECT 1` answers within `QUEEN_HEALTH_TIMEOUT_MS` (2 s), else 503.
 pub async fn health(state: web::Data<AppState>) -> HttpResponse {
-    let round_trip =
-        tokio::time::timeout(state.settings.health_timeout, system::round_trip(&state.pool)).await;
+    let round_trip = tokio::time::timeout(
+        state.settings.health_timeout,
+        system::round_trip(&state.pool),
+    )
+    .await;
     let healthy = matches!(round_trip, Ok(Ok(true)));
     let body = json!({
         "status": if healthy { "healthy" } else { "unhealthy" },

@@ -1,0 +1,117 @@
+//! Long-poll (`wait=true`, reference §4.2): a push wakes a waiting pop at once, in-process and
+//! from another broker through LISTEN/NOTIFY; nothing until the timeout is a 204 at the timeout.
+
+use std::time::{Duration, Instant};
+
+use crate::support::consuming::*;
+use crate::support::{fresh_db, spawn_app, TestApp};
+use queen_broker::wake::WakeKey;
+
+/// Resolves once `app` has a pop registered for `key` (polled, not slept on: the registration
+/// is the event).
+async fn registered(app: &TestApp, key: &WakeKey) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.broker.state.wake.waiting(key) == 0 {
+        assert!(Instant::now() < deadline, "the pop never started waiting");
+        tokio::task::yield_now().await;
+        actix_web::rt::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[actix_web::test]
+async fn a_waiting_pop_returns_within_50_ms_of_a_push() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    push_n(&app, "q", "other", 0, 1).await; // the queue exists; the waiter watches all of it
+    let first = pop(&app, "q", "").await;
+    ack_all(&app, &first, "completed", None).await;
+
+    let waiting = async {
+        let reply = pop(&app, "q", "wait=true&timeout=10000").await;
+        (reply, Instant::now())
+    };
+    let pushing = async {
+        registered(&app, &WakeKey::Queue("q".into())).await;
+        push_n(&app, "q", "p", 7, 1).await;
+        Instant::now()
+    };
+    let ((reply, popped_at), pushed_at) = futures_util::join!(waiting, pushing);
+    assert_eq!(ns(&reply), vec![7]);
+    let late = popped_at.saturating_duration_since(pushed_at);
+    assert!(
+        late < Duration::from_millis(50),
+        "pop answered {late:?} after the push"
+    );
+}
+
+#[actix_web::test]
+async fn a_partition_waiter_and_a_named_group_are_woken_too() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    let waiting = async {
+        futures_util::join!(
+            pop_partition(&app, "q", "p", "wait=true&timeout=10000"),
+            pop(&app, "q", "wait=true&timeout=10000&consumerGroup=g"),
+        )
+    };
+    let pushing = async {
+        registered(&app, &WakeKey::Partition("q".into(), "p".into())).await;
+        registered(&app, &WakeKey::Queue("q".into())).await;
+        push_n(&app, "q", "p", 0, 1).await;
+        Instant::now()
+    };
+    let started = Instant::now();
+    let ((by_partition, by_group), _) = futures_util::join!(waiting, pushing);
+    assert_eq!(ns(&by_partition), vec![0]);
+    assert_eq!(ns(&by_group), vec![0]);
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[actix_web::test]
+async fn nothing_until_the_timeout_is_a_204_at_the_timeout() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    let started = Instant::now();
+    let reply = get_raw(&app, "/api/v1/pop/queue/empty?wait=true&timeout=300").await;
+    let took = started.elapsed();
+    assert_eq!(reply.status, 204);
+    assert!(reply.body.is_empty());
+    assert!(took >= Duration::from_millis(300), "{took:?}");
+    assert!(took < Duration::from_millis(1_500), "{took:?}");
+    assert_eq!(
+        app.broker
+            .state
+            .wake
+            .waiting(&WakeKey::Queue("empty".into())),
+        0
+    );
+}
+
+#[actix_web::test]
+async fn a_push_through_another_broker_wakes_the_waiting_pop() {
+    let db = fresh_db().await;
+    let waiter_side = spawn_app(&db).await;
+    let pusher_side = spawn_app(&db).await;
+    let waiting = async {
+        let reply = pop(&waiter_side, "q", "wait=true&timeout=10000").await;
+        (reply, Instant::now())
+    };
+    let pushing = async {
+        registered(&waiter_side, &WakeKey::Queue("q".into())).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !waiter_side.broker.state.wake.listening() {
+            assert!(Instant::now() < deadline, "LISTEN never connected");
+            actix_web::rt::time::sleep(Duration::from_millis(1)).await;
+        }
+        push_n(&pusher_side, "q", "p", 3, 1).await;
+        Instant::now()
+    };
+    let ((reply, popped_at), pushed_at) = futures_util::join!(waiting, pushing);
+    assert_eq!(ns(&reply), vec![3]);
+    // Well under the 1 s periodic re-check: the NOTIFY woke it.
+    let late = popped_at.saturating_duration_since(pushed_at);
+    assert!(
+        late < Duration::from_millis(300),
+        "pop answered {late:?} after the push"
+    );
+}

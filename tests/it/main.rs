@@ -1,0 +1,35 @@
+//! The broker's integration tests, as ONE test binary: one module per area, all sharing
+//! `support` — one throwaway PostgreSQL cluster for the binary, a database per test cloned from
+//! a migrated template, brokers on 127.0.0.1:0. Tests that run the broker as a child process
+//! (`process_lifecycle`, the SIGKILL test of `crash_spool`) or stop a cluster (`outage_cluster`,
+//! which starts its own) live here too: none of them touches the shared cluster's server.
+//!
+//! Run one area with `cargo test --test it <module>::`, e.g. `cargo test --test it pop_basic::`.
+
+mod ack_basic;
+mod auth_keys;
+mod auth_matrix;
+mod auth_producer_sub;
+mod configure_contract;
+mod crash_spool;
+mod groups_basic;
+mod lease_basic;
+mod longpoll_basic;
+mod maintenance;
+mod messages_routes;
+mod outage_cluster;
+mod outage_proxy;
+mod pop_basic;
+mod pop_options;
+mod pop_outage;
+mod pop_scale;
+mod process_lifecycle;
+mod push_backpressure;
+mod push_concurrency;
+mod push_contract;
+mod push_dedup;
+mod resources_routes;
+mod retention_sweep;
+mod storage_errors;
+mod support;
+mod transaction_basic;

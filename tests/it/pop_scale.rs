@@ -1,0 +1,140 @@
+//! A queue-level pop on a queue with 100 000 partitions finds the one with messages through
+//! indexes: the write-order scan reads only partitions written since the group's watermark.
+
+use crate::support::consuming::*;
+use crate::support::{fresh_db, spawn_app};
+use queen_broker::storage::consume::{QUEUE_MODE, SCAN_SQL};
+use serde_json::Value;
+
+const PARTITIONS: i64 = 100_000;
+
+/// Finds every node of a JSON plan.
+fn nodes<'a>(plan: &'a Value, out: &mut Vec<&'a Value>) {
+    out.push(plan);
+    if let Some(children) = plan["Plans"].as_array() {
+        for child in children {
+            nodes(child, out);
+        }
+    }
+}
+
+#[actix_web::test]
+async fn a_queue_pop_among_100_000_consumed_partitions_reads_only_what_was_written() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    // 100 000 partitions, each written once long ago and fully consumed by queue mode.
+    db.exec("INSERT INTO queen.queues (name) VALUES ('wide')")
+        .await;
+    db.exec(&format!(
+        "INSERT INTO queen.partitions (queue_id, name, next_offset, last_write_xid, last_write_at)
+         SELECT q.id, 'p-' || g, 1, 1, now() - interval '1 hour'
+           FROM queen.queues q, generate_series(0, {}) g
+          WHERE q.name = 'wide'",
+        PARTITIONS - 1
+    ))
+    .await;
+    db.exec(
+        "INSERT INTO queen.partition_consumers (partition_id, consumer_group, queue_id, committed_offset)
+         SELECT id, '__QUEUE_MODE__', queue_id, 1 FROM queen.partitions",
+    )
+    .await;
+    db.exec("ANALYZE queen.partitions").await;
+    db.exec("ANALYZE queen.partition_consumers").await;
+
+    // The group's first pop walks the history once and leaves its watermark behind it.
+    push_n(&app, "wide", "p-77777", 1, 1).await;
+    assert_eq!(ns(&pop(&app, "wide", "autoAck=true").await), vec![1]);
+    assert_eq!(pop(&app, "wide", "").await.status, 204);
+
+    // From now on a pop looks only at partitions written since.
+    push_n(&app, "wide", "p-123", 2, 1).await;
+    let (queue_id, xid, pid): (i64, i64, i64) = {
+        let mut conn = db.conn().await;
+        sqlx::query_as(
+            "SELECT s.queue_id, s.scan_xid, s.scan_pid
+               FROM queen.consumer_subscriptions s
+               JOIN queen.queues q ON q.id = s.queue_id
+              WHERE q.name = 'wide'",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+    };
+    let mut conn = db.conn().await;
+    let plan: Value = sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, FORMAT JSON) {SCAN_SQL}"))
+        .bind(queue_id)
+        .bind(QUEUE_MODE)
+        .bind(xid)
+        .bind(pid)
+        .bind(1000_i64)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let mut all = Vec::new();
+    nodes(&plan[0]["Plan"], &mut all);
+    let on_partitions: Vec<&&Value> = all
+        .iter()
+        .filter(|n| n["Relation Name"] == "partitions")
+        .collect();
+    assert_eq!(on_partitions.len(), 1, "{plan}");
+    let scan = on_partitions[0];
+    assert_eq!(scan["Index Name"], "partitions_write_order", "{plan}");
+    let rows = scan["Actual Rows"].as_f64().unwrap();
+    assert!(rows <= 2.0, "the scan read {rows} partitions: {plan}");
+    let removed = scan["Rows Removed by Filter"].as_f64().unwrap_or(0.0);
+    assert!(removed <= 2.0, "{plan}");
+
+    let reply = pop(&app, "wide", "").await;
+    assert_eq!(ns(&reply), vec![2]);
+    assert_eq!(reply.body["partition"], "p-123");
+}
+
+#[actix_web::test]
+async fn an_expired_lease_among_100_000_partitions_is_found_through_its_index() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    db.exec("INSERT INTO queen.queues (name) VALUES ('wide')")
+        .await;
+    db.exec(&format!(
+        "INSERT INTO queen.partitions (queue_id, name, next_offset, last_write_xid, last_write_at)
+         SELECT q.id, 'p-' || g, 1, 1, now() - interval '1 hour'
+           FROM queen.queues q, generate_series(0, {}) g
+          WHERE q.name = 'wide'",
+        PARTITIONS - 1
+    ))
+    .await;
+    db.exec(
+        "INSERT INTO queen.partition_consumers (partition_id, consumer_group, queue_id, committed_offset)
+         SELECT id, '__QUEUE_MODE__', queue_id, 1 FROM queen.partitions",
+    )
+    .await;
+    // The queue-mode watermark is already past all of them.
+    db.exec(
+        "INSERT INTO queen.consumer_subscriptions (consumer_group, queue_id, subscription_mode, scan_xid)
+         SELECT '__QUEUE_MODE__', id, 'all', 2 FROM queen.queues WHERE name = 'wide'",
+    )
+    .await;
+    db.exec("ANALYZE queen.partitions").await;
+    db.exec("ANALYZE queen.partition_consumers").await;
+    push_n(&app, "wide", "p-5", 1, 2).await;
+    let first = pop(&app, "wide", "").await;
+    assert_eq!(ns(&first), vec![1]);
+    db.exec("UPDATE queen.partition_consumers SET lease_expires_at = now() - interval '1 second' WHERE lease_expires_at IS NOT NULL")
+        .await;
+    let again = pop(&app, "wide", "batch=2").await;
+    assert_eq!(ns(&again), vec![1, 2], "redelivered after expiry");
+
+    let mut conn = db.conn().await;
+    let plan: Value = sqlx::query_scalar(
+        "EXPLAIN (FORMAT JSON)
+         SELECT a.partition_id FROM queen.partition_consumers a
+          WHERE a.queue_id = 1 AND a.consumer_group = '__QUEUE_MODE__'
+            AND a.lease_expires_at <= now()
+          ORDER BY a.lease_expires_at LIMIT 64",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    let text = plan.to_string();
+    assert!(text.contains("partition_consumers_expiry"), "{text}");
+}
