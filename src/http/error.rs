@@ -119,6 +119,7 @@ impl From<ProtocolError> for ApiError {
     }
 }
 
+/// Acquiring a pool connection in a handler: classified like any storage error.
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
         Self::Database(StorageError::from(e))

@@ -54,7 +54,7 @@ pub enum OpResult {
         message_id: Uuid,
         /// The partition's public id.
         partition_id: Option<Uuid>,
-        /// The pushed item (for its transactionId and queue).
+        /// Which push: an index into [`Request::pushes`] (its item and partition).
         op: usize,
     },
     /// An ack's outcome.
