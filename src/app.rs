@@ -19,6 +19,7 @@ use sqlx::PgPool;
 use crate::auth::{Gate, Gatekeeper};
 use crate::pg::{ClusterError, PrivateCluster};
 use crate::settings::Settings;
+use crate::storage::cache::SegmentCache;
 use crate::storage::{self, commit::PgStore};
 use crate::wake::{self, WakeHub};
 
@@ -78,6 +79,8 @@ pub struct AppState {
     pub wake: Arc<WakeHub>,
     /// This broker's id, recorded as the owner of the leases it hands out.
     pub broker_id: String,
+    /// Committed segments and handed-out lease ranges this broker knows (consume path).
+    pub cache: Arc<SegmentCache>,
 }
 
 /// Why the broker could not start.
@@ -320,6 +323,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         flags,
         wake: hub,
         broker_id: format!("broker-{}", uuid::Uuid::new_v4().simple()),
+        cache: Arc::new(SegmentCache::new(settings.segment_cache_bytes)),
     });
     let data = state.clone();
     let addr = format!("{}:{}", settings.host, settings.port);

@@ -238,6 +238,8 @@ pub struct Settings {
     pub committer_spill_items: usize,
     /// Longest a commit may take before its items are spooled.
     pub commit_timeout: Duration,
+    /// Bytes of committed segments kept in memory for pops and acks (0: none).
+    pub segment_cache_bytes: usize,
     /// Request bytes in the write path before 503.
     pub max_inflight_bytes: usize,
     /// Items waiting per partition before 503.
@@ -501,6 +503,11 @@ impl Settings {
             committers: src.positive("QUEEN_COMMITTERS", 2)? as usize,
             committer_spill_items: src.positive("QUEEN_COMMITTER_SPILL_ITEMS", 256)? as usize,
             commit_timeout: Duration::from_millis(src.positive("QUEEN_COMMIT_TIMEOUT_MS", 10_000)?),
+            segment_cache_bytes: src.parse(
+                "QUEEN_SEGMENT_CACHE_BYTES",
+                32 * 1024 * 1024,
+                "expected a number of bytes",
+            )?,
             max_inflight_bytes: src.positive("QUEEN_MAX_INFLIGHT_BYTES", 256 * 1024 * 1024)?
                 as usize,
             partition_max_pending: src.positive("QUEEN_PARTITION_MAX_PENDING", 100_000)? as usize,

@@ -274,11 +274,12 @@ async fn run(state: &AppState, plan: Plan) -> sqlx::Result<Done> {
     }
 
     if !plan.acks.is_empty() {
-        let outcomes = match acks::apply(&mut tx, &plan.acks, AckMode::Transaction).await {
-            Ok(o) => o,
-            Err(e) if !away(&e) => return Ok(fail(results, e.to_string())),
-            Err(e) => return Err(e),
-        };
+        let outcomes =
+            match acks::apply(&mut tx, &state.cache, &plan.acks, AckMode::Transaction).await {
+                Ok(o) => o,
+                Err(e) if !away(&e) => return Ok(fail(results, e.to_string())),
+                Err(e) => return Err(e),
+            };
         let mut first_error = None;
         for o in &outcomes {
             results[o.index] = json!({

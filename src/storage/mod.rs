@@ -17,6 +17,7 @@
 //! - [`groups`]: consumer groups (listing, lag, deletion, subscription, seeks).
 
 pub mod acks;
+pub mod cache;
 pub mod commit;
 pub mod consume;
 pub mod dedup;
