@@ -242,6 +242,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
 
     let committer_arbiter = Arbiter::new();
     let partition_arbiter = Arbiter::new();
+    let cache = Arc::new(SegmentCache::new(settings.segment_cache_bytes));
     let mut committers = Vec::with_capacity(settings.committers);
     for id in 0..settings.committers {
         let load = Arc::new(AtomicUsize::new(0));
@@ -249,7 +250,8 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
             options.clone(),
             settings.connect_timeout,
             settings.commit_timeout,
-        );
+        )
+        .with_cache(cache.clone());
         let counter = load.clone();
         let addr = Committer::start_in_arbiter(&committer_arbiter.handle(), move |_| {
             Committer::new(id, store, counter, CommitterLimits::default())
@@ -323,7 +325,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         flags,
         wake: hub,
         broker_id: format!("broker-{}", uuid::Uuid::new_v4().simple()),
-        cache: Arc::new(SegmentCache::new(settings.segment_cache_bytes)),
+        cache,
     });
     let data = state.clone();
     let addr = format!("{}:{}", settings.host, settings.port);

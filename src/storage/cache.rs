@@ -38,6 +38,9 @@ const OVERHEAD: usize = 96;
 /// Most cached segments handed to one claim (their bases travel as a statement parameter).
 const MAX_HINTS: usize = 64;
 
+/// How often one broker moves one group's scan watermark at most.
+pub const WATERMARK_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Leases remembered at most (oldest forgotten first).
 const MAX_LEASES: usize = 16_384;
 
@@ -75,6 +78,8 @@ struct Inner {
 #[derive(Debug)]
 pub struct SegmentCache {
     capacity: usize,
+    /// When this broker last moved each (queue id, group)'s scan watermark.
+    watermarks: Mutex<HashMap<(i64, String), std::time::Instant>>,
     inner: Mutex<Inner>,
     leases: Mutex<Leases>,
 }
@@ -84,6 +89,7 @@ impl SegmentCache {
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity,
+            watermarks: Mutex::new(HashMap::new()),
             inner: Mutex::new(Inner::default()),
             leases: Mutex::new(Leases::default()),
         }
@@ -217,6 +223,24 @@ impl SegmentCache {
             }
         }
         (next >= to).then_some(out)
+    }
+
+    /// Whether this broker may move the scan watermark of `(queue_id, group)` now: at most
+    /// once per [`WATERMARK_EVERY`]. Saying yes records the move.
+    pub fn watermark_due(&self, queue_id: i64, group: &str) -> bool {
+        let now = std::time::Instant::now();
+        let mut marks = self.watermarks.lock().expect("watermark lock poisoned");
+        match marks.get_mut(&(queue_id, group.to_string())) {
+            Some(at) if now.duration_since(*at) < WATERMARK_EVERY => false,
+            Some(at) => {
+                *at = now;
+                true
+            }
+            None => {
+                marks.insert((queue_id, group.to_string()), now);
+                true
+            }
+        }
     }
 
     /// Bytes held (frames plus bookkeeping).

@@ -32,6 +32,9 @@ pub const QUEUE_MODE: &str = "__QUEUE_MODE__";
 /// Partitions examined per statement of the write-order scan.
 const SCAN_CHUNK: i64 = 1_000;
 
+/// A queue-level pop starts at one of this many oldest candidates, chosen at random.
+const SPREAD: usize = 16;
+
 /// Attention rows examined per pop.
 const ATTENTION_ROWS: i64 = 64;
 
@@ -462,6 +465,7 @@ impl Collect<'_, '_> {
         let mut cursor = self.sub.scan;
         let mut first_unpassed: Option<(i64, i64)> = None;
         let mut last_seen: Option<(i64, i64)> = None;
+        let mut first_chunk = true;
         while !self.done() {
             let rows: Vec<Candidate> = sqlx::query_as(SCAN_SQL)
                 .bind(self.queue.id)
@@ -472,12 +476,23 @@ impl Collect<'_, '_> {
                 .fetch_all(&mut *conn)
                 .await?;
             let full = rows.len() as i64 == SCAN_CHUNK;
-            for row in &rows {
+            // Concurrent pops read the same oldest-first list: each starts at a different one
+            // of the first few candidates, so they do not all try to claim the same partition.
+            let start = if first_chunk {
+                (self.lease_id.as_u128() as usize) % rows.len().clamp(1, SPREAD)
+            } else {
+                0
+            };
+            first_chunk = false;
+            // Per row: None = not looked at (this pop was done first), else whether the
+            // watermark may pass it.
+            let mut passed: Vec<Option<bool>> = vec![None; rows.len()];
+            for n in (start..rows.len()).chain(0..start) {
                 if self.done() {
                     break;
                 }
-                let key = (row.last_write_xid, row.id);
-                let passed = match self.classify(row) {
+                let row = &rows[n];
+                let gone_past = match self.classify(row) {
                     Class::Settled => true,
                     Class::Blocked => false,
                     Class::Candidate => !matches!(self.take(conn, row).await?, Take::Lost),
@@ -485,24 +500,38 @@ impl Collect<'_, '_> {
                 // A write at or above the snapshot's xmin may have a concurrent, still
                 // invisible sibling with a smaller id: never move the watermark past it.
                 let settled_for_good = row.xmin.is_some_and(|xmin| row.last_write_xid < xmin);
-                if (!passed || !settled_for_good) && first_unpassed.is_none() {
+                passed[n] = Some(gone_past && settled_for_good);
+            }
+            for (row, passed) in rows.iter().zip(&passed) {
+                let key = (row.last_write_xid, row.id);
+                if *passed != Some(true) && first_unpassed.is_none() {
                     first_unpassed = Some(key);
                 }
-                last_seen = Some(key);
+                if passed.is_some() {
+                    last_seen = Some(key);
+                }
             }
+            let all_seen = passed.iter().all(Option::is_some);
             match last_seen {
-                Some((xid, id)) if full => cursor = (xid, id + 1),
+                Some((xid, id)) if full && all_seen => cursor = (xid, id + 1),
                 _ => break,
             }
         }
         let watermark = first_unpassed.or(last_seen.map(|(xid, id)| (xid, id + 1)));
-        if let Some(w) = watermark.filter(|w| *w > self.sub.scan) {
+        let due = self.req.cache.watermark_due(self.queue.id, self.req.group);
+        if let Some(w) = watermark.filter(|w| *w > self.sub.scan && due) {
+            // Every pop of the group would move this one row: a pop that finds it being
+            // moved leaves it to that one (the watermark only saves scanning), and each broker
+            // moves it at most every few milliseconds.
             sqlx::query(
                 "UPDATE queen.consumer_subscriptions
                     SET scan_xid = $3, scan_pid = $4
-                  WHERE queue_id = $1
-                    AND consumer_group = $2
-                    AND (scan_xid, scan_pid) < ($3, $4)",
+                  WHERE (consumer_group, queue_id) IN (SELECT s.consumer_group, s.queue_id
+                                                         FROM queen.consumer_subscriptions s
+                                                        WHERE s.queue_id = $1
+                                                          AND s.consumer_group = $2
+                                                          AND (s.scan_xid, s.scan_pid) < ($3, $4)
+                                                          FOR UPDATE SKIP LOCKED)",
             )
             .bind(self.queue.id)
             .bind(self.req.group)
