@@ -3,7 +3,7 @@
 //! Shutdown runs the other way: the server stops accepting and answers what is in flight, then
 //! the actors' threads stop, then a private cluster stops.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,72 +16,16 @@ use broker_actors::spool::replay::Replayer;
 use broker_actors::spool::{SpoolActor, SpoolError, SpoolHandle, SpoolState};
 use sqlx::PgPool;
 
-use crate::auth::{Gate, Gatekeeper};
+use crate::http::{Gate, Gatekeeper};
 use crate::pg::{ClusterError, PrivateCluster};
 use crate::settings::Settings;
+use crate::state::{read_flags, AppState, Flags, Inflight};
 use crate::storage::cache::SegmentCache;
 use crate::storage::{self, commit::PgStore};
 use crate::wake::{self, WakeHub};
 
-/// Request bytes currently held by the write path.
-#[derive(Default)]
-pub struct Inflight {
-    /// Bytes admitted and not yet answered.
-    pub bytes: AtomicUsize,
-}
-
-/// Flags every broker follows, as last read from PostgreSQL (push maintenance lives in the
-/// spool's state, next to the actors that act on it).
-#[derive(Default)]
-pub struct Flags {
-    pop_maintenance: std::sync::atomic::AtomicBool,
-    generation: std::sync::atomic::AtomicU64,
-}
-
-impl Flags {
-    /// Whether pop maintenance mode is on.
-    pub fn pop_maintenance(&self) -> bool {
-        self.pop_maintenance.load(Ordering::Acquire)
-    }
-
-    /// Sets pop maintenance mode.
-    pub fn set_pop_maintenance(&self, on: bool) {
-        self.pop_maintenance.store(on, Ordering::Release);
-    }
-
-    /// Marks a local change, so a poll that read the database before it does not undo it.
-    pub fn changed(&self) {
-        self.generation.fetch_add(1, Ordering::AcqRel);
-    }
-
-    fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
-    }
-}
-
-/// What every request handler can reach.
-pub struct AppState {
-    /// Partition actors.
-    pub registry: Registry,
-    /// The shared pool.
-    pub pool: PgPool,
-    /// Settings.
-    pub settings: Arc<Settings>,
-    /// Admission accounting.
-    pub inflight: Arc<Inflight>,
-    /// Committers' backlog.
-    pub committers: CommitterPool,
-    /// The spool (depth, maintenance mode).
-    pub spool: SpoolHandle,
-    /// Shared flags.
-    pub flags: Arc<Flags>,
-    /// Waiting pops, woken by pushes (here and, via LISTEN, on other brokers).
-    pub wake: Arc<WakeHub>,
-    /// This broker's id, recorded as the owner of the leases it hands out.
-    pub broker_id: String,
-    /// Committed segments and handed-out lease ranges this broker knows (consume path).
-    pub cache: Arc<SegmentCache>,
-}
+/// Kept here for the tests that read it through `app` (it lives in [`crate::state`]).
+pub use crate::state::inflight_bytes;
 
 /// Why the broker could not start.
 #[derive(Debug, thiserror::Error)]
@@ -357,11 +301,6 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     })
 }
 
-/// Bytes currently admitted (for metrics and tests).
-pub fn inflight_bytes(state: &AppState) -> usize {
-    state.inflight.bytes.load(Ordering::Relaxed)
-}
-
 fn is_unreachable(e: &sqlx::Error) -> bool {
     matches!(
         e,
@@ -390,18 +329,6 @@ fn defer_migrations(pool: &PgPool, target: &str, reason: &str) {
             }
         }
     });
-}
-
-/// Reads (push maintenance, pop maintenance) from PostgreSQL.
-///
-/// # Errors
-///
-/// Any database error.
-pub async fn read_flags(pool: &PgPool) -> sqlx::Result<(bool, bool)> {
-    use crate::storage::system;
-    let push = system::flag(pool, system::MAINTENANCE).await?;
-    let pop = system::flag(pool, system::POP_MAINTENANCE).await?;
-    Ok((push, pop))
 }
 
 /// Follows the maintenance flags stored in PostgreSQL (every broker on the database sees the

@@ -15,6 +15,8 @@ pub mod app;
 pub mod auth;
 pub mod http;
 pub mod pg;
+pub mod protocol;
 pub mod settings;
+pub mod state;
 pub mod storage;
 pub mod wake;

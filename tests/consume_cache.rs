@@ -39,9 +39,17 @@ async fn a_segment_removed_by_retention_is_not_served_from_the_cache() {
     ))
     .await;
     let reply = pop(&app, "q", "batch=10").await;
-    assert_eq!(ns(&reply), vec![3, 4, 5], "only what PostgreSQL still holds");
+    assert_eq!(
+        ns(&reply),
+        vec![3, 4, 5],
+        "only what PostgreSQL still holds"
+    );
     let acked = ack_all(&app, &reply, "completed", None).await;
-    assert!(acked.as_array().unwrap().iter().all(|a| a["success"] == true));
+    assert!(acked
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|a| a["success"] == true));
     assert_eq!(pop(&app, "q", "batch=10").await.status, 204);
 }
 
@@ -66,7 +74,11 @@ async fn messages_written_through_another_broker_are_read_and_acked_here() {
     let rest = pop(&writer, "q", "batch=10").await;
     assert_eq!(ns(&rest), vec![3, 4]);
     let acked = ack_all(&reader, &rest, "completed", None).await;
-    assert!(acked.as_array().unwrap().iter().all(|a| a["success"] == true));
+    assert!(acked
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|a| a["success"] == true));
     assert_eq!(pop(&reader, "q", "batch=10").await.status, 204);
     assert_eq!(pop(&writer, "q", "batch=10").await.status, 204);
 }
@@ -92,7 +104,11 @@ async fn a_lease_that_ran_out_while_cached_is_redelivered_and_its_acks_refused()
     assert_eq!(messages(&again)[0]["data"], messages(&first)[0]["data"]);
     assert_ne!(again.body["leaseId"], first.body["leaseId"]);
     let acked = ack_all(&app, &again, "completed", None).await;
-    assert!(acked.as_array().unwrap().iter().all(|a| a["success"] == true));
+    assert!(acked
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|a| a["success"] == true));
     assert_eq!(pop(&app, "q", "batch=4").await.status, 204);
 }
 
@@ -158,8 +174,11 @@ async fn the_one_statement_ack_answers_as_the_general_path_does() {
 
     // A broker without a cache takes the general path for every ack.
     let db_slow = fresh_db().await;
-    let slow =
-        spawn_app_with(test_settings(&db_slow, &[("QUEEN_SEGMENT_CACHE_BYTES", "0")])).await;
+    let slow = spawn_app_with(test_settings(
+        &db_slow,
+        &[("QUEEN_SEGMENT_CACHE_BYTES", "0")],
+    ))
+    .await;
     let without = ack_story(&slow, &db_slow).await;
     assert_eq!(with_cache, without);
     // And the story is the expected one: the second message commits the first two; the last

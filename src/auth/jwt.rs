@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 use crate::auth::jwks::{JwksCache, JwksError, KeyKind, UNKNOWN_KID_COOLDOWN};
 use crate::auth::roles::Roles;
 use crate::auth::{AuthError, Caller, ConfigError};
-use crate::http::push::MAX_NAME_CHARS;
+use crate::protocol::{Name, NameTooLong};
 use crate::settings::{JwtAlgorithm, JwtSettings, RoleNames};
 
 /// The key family a token's `alg` needs.
@@ -246,10 +246,8 @@ impl Verifier {
     /// the union of the role claims.
     fn caller(&self, claims: &Map<String, Value>) -> Result<Caller, AuthError> {
         let sub = match claims.get("sub") {
-            Some(Value::String(sub)) if sub.chars().count() > MAX_NAME_CHARS => {
-                return Err(AuthError::invalid(format!(
-                    "Token sub is longer than {MAX_NAME_CHARS} characters"
-                )))
+            Some(Value::String(sub)) if !Name::fits(sub) => {
+                return Err(AuthError::invalid(format!("Token sub {}", NameTooLong)))
             }
             Some(Value::String(sub)) => Some(sub.clone()),
             _ => None,

@@ -4,19 +4,16 @@
 //! - [`jwt`]: key material (secret, PEM, JWKS) and token verification → [`Caller`].
 //! - [`jwks`]: the JWKS cache.
 //! - [`roles`]: role sets and the capability each role grants (§10.4).
-//! - [`gate`]: the middleware that decides every request from the route table of
-//!   [`crate::http::routes`], so a route cannot escape the check.
+//! - the gate that applies these to every request is HTTP middleware: `http::gate` (auth never
+//!   imports `http`; the route table names a [`roles::Capability`] per route).
 //! - [`extractor`]: [`Caller`] as a handler argument (the push stamps its `sub`).
 //!
 //! Never trusts anything in a request body: `producerSub` comes from [`Caller::sub`] only.
 
 pub mod extractor;
-pub mod gate;
 pub mod jwks;
 pub mod jwt;
 pub mod roles;
-
-pub use gate::{Admission, Gate, Gatekeeper};
 
 use crate::auth::roles::Roles;
 

@@ -1,11 +1,30 @@
 //! Roles are a set, not a ladder (reference §10.4, producing.md): each role grants a fixed set
 //! of capabilities, a token's grants are the union over its roles, and a route passes when its
-//! requirement is inside that union. Knows nothing about tokens or HTTP beyond [`Capability`].
+//! requirement is inside that union. Owns [`Capability`] (what a route requires; the route table
+//! in `http` names one per route). Knows nothing about tokens or HTTP.
 
 use std::fmt;
 
-use crate::http::Capability;
 use crate::settings::RoleNames;
+
+/// What a caller must be allowed to do to use a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capability {
+    /// Anyone.
+    Public,
+    /// Push messages.
+    Produce,
+    /// Pop, ack, renew leases.
+    Consume,
+    /// Both at once (`POST /api/v1/transaction`: pushes and acks in one transaction).
+    ProduceAndConsume,
+    /// Create and change queues and groups.
+    Configure,
+    /// Read-only views.
+    Read,
+    /// Operator actions.
+    Admin,
+}
 
 /// What a caller may do: a set of the five capabilities of §10.4.
 #[derive(Clone, Copy, Default, PartialEq, Eq)]

@@ -3,93 +3,13 @@
 //! failures are `success: false` items under 200; only a malformed request is a 400.
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use serde_json::{json, Value};
-use uuid::Uuid;
+use serde_json::Value;
 
-use crate::app::AppState;
 use crate::http::body::read_body;
 use crate::http::error::{with_db, ApiError};
-use crate::storage::acks::{self, Ack, AckMode, AckOutcome, AckStatus};
-use crate::storage::consume::QUEUE_MODE;
-
-/// Parses a JSON request body; an empty one is `{}` when `empty_ok`, else a 400.
-///
-/// # Errors
-///
-/// [`ApiError::BadRequest`] with the protocol's texts.
-pub fn json_body(bytes: &[u8], empty_ok: bool) -> Result<Value, ApiError> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return if empty_ok {
-            Ok(json!({}))
-        } else {
-            Err(ApiError::BadRequest("Empty request body".into()))
-        };
-    }
-    serde_json::from_slice(bytes).map_err(|e| ApiError::BadRequest(format!("Invalid JSON: {e}")))
-}
-
-/// A string field; `null` and other types count as absent.
-pub fn opt_str<'v>(v: &'v Value, key: &str) -> Option<&'v str> {
-    v.get(key).and_then(Value::as_str)
-}
-
-/// The consumer group of a body: absent, `null`, empty or not a string = queue mode.
-pub fn group_of(v: &Value) -> String {
-    opt_str(v, "consumerGroup")
-        .filter(|g| !g.is_empty())
-        .unwrap_or(QUEUE_MODE)
-        .to_string()
-}
-
-/// Parses one ack object (the `/ack` body, an `/ack/batch` item or a transaction op).
-///
-/// # Errors
-///
-/// [`ApiError::BadRequest`] naming the missing or malformed field.
-pub fn parse_ack(
-    v: &Value,
-    index: usize,
-    group: String,
-    missing_txn: &str,
-    missing_partition: &str,
-) -> Result<Ack, ApiError> {
-    let transaction_id = opt_str(v, "transactionId")
-        .ok_or_else(|| ApiError::BadRequest(missing_txn.into()))?
-        .to_string();
-    let partition =
-        opt_str(v, "partitionId").ok_or_else(|| ApiError::BadRequest(missing_partition.into()))?;
-    let partition = Uuid::parse_str(partition).map_err(|_| {
-        ApiError::BadRequest(format!("partitionId must be a UUID, got {partition:?}"))
-    })?;
-    let status = match v.get("status") {
-        None | Some(Value::Null) => AckStatus::Completed,
-        Some(Value::String(s)) => AckStatus::parse(Some(s)),
-        Some(_) => AckStatus::Unknown,
-    };
-    Ok(Ack {
-        index,
-        partition,
-        transaction_id,
-        status,
-        group,
-        lease_id: opt_str(v, "leaseId").map(str::to_string),
-        error: opt_str(v, "error").map(str::to_string),
-    })
-}
-
-/// One ack result on the wire.
-pub fn outcome_json(o: &AckOutcome) -> Value {
-    json!({
-        "index": o.index,
-        "transactionId": o.transaction_id,
-        "success": o.success,
-        "error": o.error,
-        "queueName": o.queue_name,
-        "partitionName": o.partition_name,
-        "leaseReleased": o.lease_released,
-        "dlq": o.dlq,
-    })
-}
+use crate::protocol::ack::{group_of, json_body, outcome_json, parse_ack};
+use crate::state::AppState;
+use crate::storage::acks::{self, Ack, AckMode};
 
 async fn apply(state: &AppState, list: Vec<Ack>) -> Result<HttpResponse, ApiError> {
     let outcomes = with_db(state, async {

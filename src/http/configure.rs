@@ -9,10 +9,10 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::{json, Map, Value};
 
-use crate::app::AppState;
 use crate::http::body::{parse_json, read_body};
 use crate::http::error::ApiError;
-use crate::http::push::MAX_NAME_CHARS;
+use crate::protocol::Name;
+use crate::state::AppState;
 use crate::storage::queues::{self, QueueOptions};
 
 /// A validated configure request.
@@ -135,12 +135,9 @@ fn optional_name(body: &Map<String, Value>, field: &str) -> Result<String, ApiEr
     let Some(Value::String(s)) = body.get(field) else {
         return Ok(String::new());
     };
-    if s.chars().count() > MAX_NAME_CHARS {
-        return Err(ApiError::BadRequest(format!(
-            "{field} is longer than {MAX_NAME_CHARS} characters"
-        )));
-    }
-    Ok(s.clone())
+    let name = Name::new(s.as_str())
+        .map_err(|too_long| ApiError::BadRequest(format!("{field} {too_long}")))?;
+    Ok(name.into_string())
 }
 
 /// Validates a configure body.
@@ -152,14 +149,11 @@ pub fn parse_configure(body: &Value) -> Result<ConfigureRequest, ApiError> {
     let required = || ApiError::BadRequest("queue is required".into());
     let body = body.as_object().ok_or_else(required)?;
     let queue = match body.get("queue") {
-        Some(Value::String(q)) if !q.is_empty() => q.clone(),
+        Some(Value::String(q)) if !q.is_empty() => Name::new(q.as_str())
+            .map_err(|too_long| ApiError::BadRequest(format!("queue {too_long}")))?
+            .into_string(),
         _ => return Err(required()),
     };
-    if queue.chars().count() > MAX_NAME_CHARS {
-        return Err(ApiError::BadRequest(format!(
-            "queue is longer than {MAX_NAME_CHARS} characters"
-        )));
-    }
     let empty = Map::new();
     let options = match body.get("options") {
         None | Some(Value::Null) => &empty,

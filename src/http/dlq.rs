@@ -8,8 +8,9 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
-use crate::app::AppState;
 use crate::http::error::{with_db, ApiError};
+use crate::protocol::time::{iso_micros, iso_millis};
+use crate::state::AppState;
 use crate::storage::dlq;
 
 #[derive(Serialize)]
@@ -80,8 +81,8 @@ pub async fn list(
             data,
             producer_sub: r.producer_sub.as_deref(),
             trace_id: r.trace_id.as_deref(),
-            created_at: r.created_at.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string(),
-            failed_at: r.failed_at.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+            created_at: iso_micros(r.created_at),
+            failed_at: iso_millis(r.failed_at),
         });
     }
     Ok(HttpResponse::Ok().json(Body {

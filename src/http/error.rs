@@ -5,6 +5,9 @@ use actix_web::{HttpResponse, ResponseError};
 use broker_actors::PushError;
 
 use crate::auth::AuthError;
+use crate::protocol::ProtocolError;
+use crate::state::AppState;
+use crate::storage::error::is_unreachable;
 
 /// A request that could not be served.
 #[derive(Debug, thiserror::Error)]
@@ -75,7 +78,7 @@ impl ResponseError for ApiError {
             Self::AuthUnavailable(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::NoSuchRoute { .. } | Self::NotFound(_) => StatusCode::NOT_FOUND,
             // Unreachable is retryable; anything else is ours.
-            Self::Database(e) if database_away(e) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Database(e) if is_unreachable(e) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::DatabaseTimeout(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -110,6 +113,12 @@ impl ResponseError for ApiError {
     }
 }
 
+impl From<ProtocolError> for ApiError {
+    fn from(e: ProtocolError) -> Self {
+        Self::BadRequest(e.0)
+    }
+}
+
 impl From<AuthError> for ApiError {
     fn from(e: AuthError) -> Self {
         match e {
@@ -120,23 +129,6 @@ impl From<AuthError> for ApiError {
     }
 }
 
-/// Whether a database error means "PostgreSQL is unreachable or going away" (retryable) rather
-/// than "this statement failed".
-pub fn database_away(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
-        // Class 08: connection exception; class 57: operator intervention (shutdown, ...).
-        sqlx::Error::Database(db) => db
-            .code()
-            .is_some_and(|c| c.starts_with("08") || c.starts_with("57")),
-        _ => false,
-    }
-}
-
 /// Runs one database step under a deadline, so a vanished PostgreSQL turns into a prompt 503
 /// instead of a hung request.
 ///
@@ -144,7 +136,7 @@ pub fn database_away(e: &sqlx::Error) -> bool {
 ///
 /// [`ApiError::Database`] or [`ApiError::DatabaseTimeout`].
 pub async fn with_db<T>(
-    state: &crate::app::AppState,
+    state: &AppState,
     step: impl std::future::Future<Output = sqlx::Result<T>>,
 ) -> Result<T, ApiError> {
     let limit = state

@@ -6,19 +6,15 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use chrono::{DateTime, Utc};
 use serde_json::{json, Map, Value};
 
-use crate::app::AppState;
-use crate::http::ack::{json_body, opt_str};
 use crate::http::body::read_body;
 use crate::http::error::{with_db, ApiError};
+use crate::protocol::ack::{json_body, opt_str};
+use crate::protocol::time::iso_millis;
+use crate::state::AppState;
 use crate::storage::groups::{self, PartitionLag, SeekTarget};
 
 /// A group whose oldest unconsumed message is older than this is `Lagging`.
 const LAGGING_AFTER_SECS: i64 = 300;
-
-/// Admin-route time format: milliseconds, UTC, `Z`.
-fn millis(t: DateTime<Utc>) -> String {
-    t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
-}
 
 fn parse_time(text: &str) -> Option<DateTime<Utc>> {
     DateTime::parse_from_rfc3339(text)
@@ -54,8 +50,8 @@ pub async fn list(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> 
                 "maxTimeLag": g.max_time_lag,
                 "state": if g.max_time_lag > LAGGING_AFTER_SECS { "Lagging" } else { "Stable" },
                 "subscriptionMode": g.subscription_mode,
-                "subscriptionTimestamp": g.subscription_from.map(millis),
-                "subscriptionCreatedAt": millis(g.subscribed_at),
+                "subscriptionTimestamp": g.subscription_from.map(iso_millis),
+                "subscriptionCreatedAt": iso_millis(g.subscribed_at),
             })
         })
         .collect();
@@ -88,8 +84,8 @@ pub async fn lagging(
                 "offset_lag": r.offset_lag,
                 "time_lag_seconds": r.time_lag_seconds,
                 "lag_hours": r.time_lag_seconds as f64 / 3600.0,
-                "oldest_unconsumed_at": r.oldest_unconsumed_at.map(millis),
-                "last_consumed_at": r.last_consumed_at.map(millis),
+                "oldest_unconsumed_at": r.oldest_unconsumed_at.map(iso_millis),
+                "last_consumed_at": r.last_consumed_at.map(iso_millis),
             })
         })
         .collect();
@@ -100,7 +96,7 @@ fn partition_json(r: &PartitionLag) -> Value {
     json!({
         "partition": r.partition,
         "workerId": r.lease_owner,
-        "lastConsumedAt": r.last_consumed_at.map(millis),
+        "lastConsumedAt": r.last_consumed_at.map(iso_millis),
         "totalConsumed": r.total_consumed,
         "offsetLag": r.offset_lag,
         "timeLagSeconds": r.time_lag_seconds,
@@ -199,7 +195,7 @@ pub async fn subscription(
     Ok(HttpResponse::Ok().json(json!({
         "success": true,
         "consumerGroup": group,
-        "newTimestamp": millis(from),
+        "newTimestamp": iso_millis(from),
         "rowsUpdated": rows,
     })))
 }
@@ -230,7 +226,7 @@ pub async fn seek_queue(
     .await?;
     let (to_end, at) = match target {
         SeekTarget::End => (true, None),
-        SeekTarget::At(t) => (false, Some(millis(t))),
+        SeekTarget::At(t) => (false, Some(iso_millis(t))),
     };
     Ok(HttpResponse::Ok().json(json!({
         "success": true,

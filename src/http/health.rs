@@ -6,16 +6,14 @@ use std::time::Duration;
 use actix_web::{web, HttpResponse};
 use serde_json::json;
 
-use crate::app::AppState;
+use crate::state::AppState;
+use crate::storage::system;
 
 /// Readiness: 200 when `SELECT 1` answers within two seconds, else 503.
 pub async fn health(state: web::Data<AppState>) -> HttpResponse {
-    let round_trip = tokio::time::timeout(
-        Duration::from_secs(2),
-        sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&state.pool),
-    )
-    .await;
-    let healthy = matches!(round_trip, Ok(Ok(1)));
+    let round_trip =
+        tokio::time::timeout(Duration::from_secs(2), system::round_trip(&state.pool)).await;
+    let healthy = matches!(round_trip, Ok(Ok(true)));
     let body = json!({
         "status": if healthy { "healthy" } else { "unhealthy" },
         "database": if healthy { "connected" } else { "disconnected" },

@@ -5,10 +5,11 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::app::AppState;
-use crate::http::ack::json_body;
 use crate::http::body::read_body;
 use crate::http::error::{with_db, ApiError};
+use crate::protocol::ack::json_body;
+use crate::protocol::time::iso_millis;
+use crate::state::AppState;
 use crate::storage::leases::{self, ExtendError};
 
 /// `seconds` when the body leaves it out.
@@ -42,7 +43,7 @@ pub async fn extend(
     let item = match result {
         Ok(at) => json!({
             "index": 0, "leaseId": lease, "success": true, "error": null,
-            "expiresAt": at.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+            "expiresAt": iso_millis(at),
         }),
         Err(e) => json!({
             "index": 0, "leaseId": lease, "success": false, "error": e.as_str(),

@@ -8,9 +8,9 @@ use std::time::Duration;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::{json, Value};
 
-use crate::app::AppState;
 use crate::http::body::read_body;
 use crate::http::error::ApiError;
+use crate::state::AppState;
 use crate::storage::system;
 
 const DB_WAIT: Duration = Duration::from_secs(2);
@@ -35,7 +35,7 @@ fn buffer_stats(state: &AppState, db_healthy: bool) -> Value {
 /// Reads both flags from the database (the poller alone updates the broker's own copy),
 /// falling back to the last known state when the database does not answer.
 async fn read_flags(state: &AppState) -> (bool, bool, bool) {
-    match tokio::time::timeout(DB_WAIT, crate::app::read_flags(&state.pool)).await {
+    match tokio::time::timeout(DB_WAIT, crate::state::read_flags(&state.pool)).await {
         Ok(Ok((push, pop))) => (push, pop, true),
         _ => (
             state.spool.state.maintenance(),

@@ -14,9 +14,9 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
-use crate::app::AppState;
 use crate::http::error::ApiError;
-use crate::http::resources::iso_millis;
+use crate::protocol::time::iso_millis;
+use crate::state::AppState;
 use crate::storage::messages::{self, Filter, Listed, MessageStatus, Page};
 use crate::storage::queues;
 

@@ -11,7 +11,7 @@ use actix_web::{web, HttpResponse};
 use prometheus::{Encoder, IntGauge, Opts, Registry, TextEncoder};
 use serde_json::json;
 
-use crate::app::AppState;
+use crate::state::AppState;
 
 fn started() -> Instant {
     static STARTED: OnceLock<Instant> = OnceLock::new();
@@ -61,7 +61,7 @@ fn snapshot(state: &AppState) -> Snapshot {
         maintenance: spool.maintenance(),
         pop_maintenance: state.flags.pop_maintenance(),
         partition_actors: state.registry.len(),
-        inflight_bytes: crate::app::inflight_bytes(state),
+        inflight_bytes: crate::state::inflight_bytes(state),
         commit_backlog: state.committers.backlog(),
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! [`routes`] is the table of every route with its capability; [`configure`] registers exactly
 //! those, so a route cannot exist without an access decision. The auth gate
-//! (`crate::auth::Gate`) reads the same table for every request: a route added here is checked
+//! ([`gate`]) reads the same table for every request: a route added here is checked
 //! with no other change, and with auth on a path missing from the table is never served.
 
 pub mod ack;
@@ -10,6 +10,7 @@ pub mod body;
 pub mod configure;
 pub mod dlq;
 pub mod error;
+pub mod gate;
 pub mod groups;
 pub mod health;
 pub mod lease;
@@ -24,26 +25,10 @@ pub mod transaction;
 use actix_web::http::{header, Method};
 use actix_web::{web, HttpRequest, HttpResponse};
 
-use crate::http::error::ApiError;
+pub use crate::auth::roles::Capability;
+pub use gate::{Gate, Gatekeeper};
 
-/// What a caller must be allowed to do to use a route.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Capability {
-    /// Anyone.
-    Public,
-    /// Push messages.
-    Produce,
-    /// Pop, ack, renew leases.
-    Consume,
-    /// Both at once (`POST /api/v1/transaction`: pushes and acks in one transaction).
-    ProduceAndConsume,
-    /// Create and change queues and groups.
-    Configure,
-    /// Read-only views.
-    Read,
-    /// Operator actions.
-    Admin,
-}
+use crate::http::error::ApiError;
 
 /// One registered route.
 pub struct Route {

@@ -13,8 +13,9 @@ use actix_web::http::header;
 use actix_web::{web, HttpResponse};
 use chrono::{DateTime, Utc};
 
-use crate::app::AppState;
 use crate::http::error::{with_db, ApiError};
+use crate::protocol::time::micros_iso;
+use crate::state::AppState;
 use crate::storage::consume::{self, PopRequest, Popped, SubscriptionStart, QUEUE_MODE};
 use crate::wake::WakeKey;
 
@@ -186,14 +187,6 @@ async fn serve(
         }
         let _ = tokio::time::timeout((deadline - now).min(RECHECK), notified).await;
     }
-}
-
-/// Arrival time as the pop route writes it: microseconds, UTC, `Z`.
-pub fn micros_iso(micros: i64) -> String {
-    DateTime::from_timestamp_micros(micros)
-        .unwrap_or_default()
-        .format("%Y-%m-%dT%H:%M:%S%.6fZ")
-        .to_string()
 }
 
 /// `write!` into a `Vec<u8>`, which cannot fail.

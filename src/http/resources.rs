@@ -6,19 +6,15 @@
 use std::collections::{BTreeMap, HashMap};
 
 use actix_web::{web, HttpResponse};
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use serde_json::{json, Value};
 
-use crate::app::AppState;
 use crate::http::error::ApiError;
+use crate::protocol::time::iso_millis;
+use crate::state::AppState;
 use crate::storage::groups;
 use crate::storage::queues::{self, Queue};
 use crate::storage::resources::{self, message_counts, MessageCounts, PartitionRow};
-
-/// Admin timestamps: UTC with milliseconds (`2026-01-02T03:04:05.678Z`).
-pub fn iso_millis(t: DateTime<Utc>) -> String {
-    t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
-}
 
 /// A queue's partition count and summed message counts.
 #[derive(Default, Clone, Copy)]
@@ -201,7 +197,7 @@ mod tests {
 
     #[test]
     fn admin_timestamps_have_milliseconds_and_z() {
-        let t = DateTime::from_timestamp_micros(1_700_000_000_123_456).unwrap();
+        let t = chrono::DateTime::from_timestamp_micros(1_700_000_000_123_456).unwrap();
         assert_eq!(iso_millis(t), "2023-11-14T22:13:20.123Z");
     }
 }

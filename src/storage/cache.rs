@@ -78,6 +78,8 @@ struct Inner {
 #[derive(Debug)]
 pub struct SegmentCache {
     capacity: usize,
+    /// Queue-level pops of each (queue id, group) running on this broker right now.
+    running: Arc<Mutex<HashMap<(i64, String), usize>>>,
     /// When this broker last moved each (queue id, group)'s scan watermark.
     watermarks: Mutex<HashMap<(i64, String), std::time::Instant>>,
     inner: Mutex<Inner>,
@@ -89,6 +91,7 @@ impl SegmentCache {
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity,
+            running: Arc::default(),
             watermarks: Mutex::new(HashMap::new()),
             inner: Mutex::new(Inner::default()),
             leases: Mutex::new(Leases::default()),
@@ -225,6 +228,22 @@ impl SegmentCache {
         (next >= to).then_some(out)
     }
 
+    /// Registers a queue-level pop of `(queue_id, group)` for as long as the guard lives; the
+    /// guard's [`PopSlot::index`] is how many others were running when it started (0 for a
+    /// pop alone), so concurrent pops can start at different candidates.
+    pub fn pop_slot(&self, queue_id: i64, group: &str) -> PopSlot {
+        let key = (queue_id, group.to_string());
+        let mut running = self.running.lock().expect("pop slots lock poisoned");
+        let count = running.entry(key.clone()).or_insert(0);
+        let index = *count;
+        *count += 1;
+        PopSlot {
+            running: self.running.clone(),
+            key,
+            index,
+        }
+    }
+
     /// Whether this broker may move the scan watermark of `(queue_id, group)` now: at most
     /// once per [`WATERMARK_EVERY`]. Saying yes records the move.
     pub fn watermark_due(&self, queue_id: i64, group: &str) -> bool {
@@ -249,6 +268,33 @@ impl SegmentCache {
             .lock()
             .expect("segment cache lock poisoned")
             .bytes
+    }
+}
+
+/// A running queue-level pop (see [`SegmentCache::pop_slot`]).
+#[derive(Debug)]
+pub struct PopSlot {
+    running: Arc<Mutex<HashMap<(i64, String), usize>>>,
+    key: (i64, String),
+    index: usize,
+}
+
+impl PopSlot {
+    /// How many pops of the same queue and group were running when this one started.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+}
+
+impl Drop for PopSlot {
+    fn drop(&mut self) {
+        let mut running = self.running.lock().expect("pop slots lock poisoned");
+        if let Some(count) = running.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                running.remove(&self.key);
+            }
+        }
     }
 }
 
@@ -298,6 +344,18 @@ mod tests {
         // Offsets 15..20 are not held.
         assert_eq!(bases(cache.covering(1, 12, 22)), None);
         assert_eq!(bases(cache.covering(2, 0, 1)), None);
+    }
+
+    #[test]
+    fn concurrent_pops_get_distinct_slots_and_give_them_back() {
+        let cache = SegmentCache::new(0);
+        let a = cache.pop_slot(1, "g");
+        let b = cache.pop_slot(1, "g");
+        let other = cache.pop_slot(2, "g");
+        assert_eq!((a.index(), b.index(), other.index()), (0, 1, 0));
+        drop(a);
+        drop(b);
+        assert_eq!(cache.pop_slot(1, "g").index(), 0);
     }
 
     #[test]

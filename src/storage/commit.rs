@@ -391,12 +391,14 @@ impl WritePlan<'_> {
             .zip(self.seg_bases)
             .zip(self.seg_counts)
             .zip(self.seg_frames)
-            .map(|(((partition_id, base_offset), count), frames)| NewSegment {
-                partition_id,
-                base_offset,
-                count,
-                frames,
-            })
+            .map(
+                |(((partition_id, base_offset), count), frames)| NewSegment {
+                    partition_id,
+                    base_offset,
+                    count,
+                    frames,
+                },
+            )
             .collect();
         (self.outcomes, segments)
     }

@@ -32,7 +32,7 @@ pub const QUEUE_MODE: &str = "__QUEUE_MODE__";
 /// Partitions examined per statement of the write-order scan.
 const SCAN_CHUNK: i64 = 1_000;
 
-/// A queue-level pop starts at one of this many oldest candidates, chosen at random.
+/// Concurrent queue-level pops start at different ones of this many oldest candidates.
 const SPREAD: usize = 16;
 
 /// Attention rows examined per pop.
@@ -462,6 +462,7 @@ impl Collect<'_, '_> {
             }
         }
 
+        let slot = self.req.cache.pop_slot(self.queue.id, self.req.group);
         let mut cursor = self.sub.scan;
         let mut first_unpassed: Option<(i64, i64)> = None;
         let mut last_seen: Option<(i64, i64)> = None;
@@ -476,10 +477,11 @@ impl Collect<'_, '_> {
                 .fetch_all(&mut *conn)
                 .await?;
             let full = rows.len() as i64 == SCAN_CHUNK;
-            // Concurrent pops read the same oldest-first list: each starts at a different one
-            // of the first few candidates, so they do not all try to claim the same partition.
+            // Concurrent pops read the same oldest-first list: the k-th pop running on this
+            // broker starts at the k-th candidate, so they do not all try to claim the same
+            // partition; a pop alone takes the oldest.
             let start = if first_chunk {
-                (self.lease_id.as_u128() as usize) % rows.len().clamp(1, SPREAD)
+                slot.index() % rows.len().clamp(1, SPREAD)
             } else {
                 0
             };

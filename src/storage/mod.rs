@@ -15,6 +15,8 @@
 //! - [`acks`]: acks as offset commits, retries, dead-lettering.
 //! - [`dlq`]: the dead-letter table.
 //! - [`groups`]: consumer groups (listing, lag, deletion, subscription, seeks).
+//! - [`transaction`]: `POST /api/v1/transaction`'s pushes and acks in one transaction.
+//! - [`error`]: whether a database error means PostgreSQL is away.
 
 pub mod acks;
 pub mod cache;
@@ -22,6 +24,7 @@ pub mod commit;
 pub mod consume;
 pub mod dedup;
 pub mod dlq;
+pub mod error;
 pub mod frames;
 pub mod groups;
 pub mod leases;
@@ -32,6 +35,7 @@ pub mod queues;
 pub mod resources;
 pub mod retention;
 pub mod system;
+pub mod transaction;
 
 use std::time::Duration;
 

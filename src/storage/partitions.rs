@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use broker_actors::PartitionKey;
 use sqlx::PgConnection;
+use uuid::Uuid;
 
 /// Namespace and task derived from a queue name on auto-create: the text before the first `.`,
 /// and the text between the first and second `.` (both empty without a dot).
@@ -100,6 +101,23 @@ pub async fn resolve_ids(
         partitions = retry_p;
     }
     Ok(ids)
+}
+
+/// The public ids (`uuid`) of these partitions, by internal id; deleted ones are left out.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn uuids(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<HashMap<i64, Uuid>> {
+    let rows: Vec<(i64, Uuid)> = sqlx::query_as(
+        "SELECT id, uuid
+           FROM queen.partitions
+          WHERE id = ANY($1)",
+    )
+    .bind(ids)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().collect())
 }
 
 #[cfg(test)]

@@ -44,3 +44,13 @@ pub async fn set_flag<'e>(db: impl PgExecutor<'e>, key: &str, enabled: bool) -> 
     .await?;
     Ok(())
 }
+
+/// A round trip: `SELECT 1`, true when it answers 1 (the readiness probe).
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn round_trip<'e>(db: impl PgExecutor<'e>) -> sqlx::Result<bool> {
+    let one: i32 = sqlx::query_scalar("SELECT 1").fetch_one(db).await?;
+    Ok(one == 1)
+}

@@ -21,9 +21,10 @@ use actix_web::{Error, HttpMessage};
 use futures_util::future::LocalBoxFuture;
 
 use crate::auth::jwt::Verifier;
+use crate::auth::roles::Capability;
 use crate::auth::{AuthError, Caller, ConfigError};
 use crate::http::error::ApiError;
-use crate::http::{Capability, Route};
+use crate::http::Route;
 use crate::settings::JwtSettings;
 
 /// The table of routes as the gate matches them, in registration order (first match wins, as

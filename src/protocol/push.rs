@@ -1,0 +1,241 @@
+//! The push body (`POST /api/v1/push`, and each push operation of a transaction): parsing and
+//! validation with the protocol's texts, the per-item result shape, and minting write-path
+//! items from validated ones.
+
+use broker_actors::Item;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use uuid::Uuid;
+
+use crate::protocol::time::now_micros;
+use crate::protocol::{Name, ProtocolError};
+
+#[derive(Deserialize)]
+struct RawBody<'a> {
+    #[serde(borrow, default)]
+    items: Option<&'a RawValue>,
+}
+
+/// An item with every field kept raw, so each rule can be checked and reported by index.
+#[derive(Deserialize)]
+struct RawItem<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    queue: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    partition: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    payload: Option<&'a RawValue>,
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "present",
+        rename = "transactionId"
+    )]
+    transaction_id: Option<&'a RawValue>,
+}
+
+/// Maps a present key to `Some` even when its value is `null` (absent keys stay `None`).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+/// One validated item of a push body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedItem {
+    /// Queue name.
+    pub queue: String,
+    /// Partition name (`Default` when absent).
+    pub partition: String,
+    /// The payload's JSON text exactly as received.
+    pub payload: String,
+    /// The producer's key, if given (empty and `null` count as absent).
+    pub transaction_id: Option<String>,
+}
+
+/// Reads an optional string field; `null` counts as absent.
+fn string_field(
+    raw: Option<&RawValue>,
+    index: usize,
+    field: &str,
+    capital: &str,
+) -> Result<Option<String>, ProtocolError> {
+    let Some(raw) = raw else { return Ok(None) };
+    if raw.get() == "null" {
+        return Ok(None);
+    }
+    let value: String = serde_json::from_str(raw.get())
+        .map_err(|_| ProtocolError(format!("item {index}: {capital} must be a string")))?;
+    let value = Name::new(value)
+        .map_err(|too_long| ProtocolError(format!("item {index}: {field} {too_long}")))?;
+    Ok(Some(value.into_string()))
+}
+
+/// Parses and validates a push body; the first broken rule rejects the whole request.
+///
+/// # Errors
+///
+/// [`ProtocolError`] naming the rule and the item index.
+pub fn parse_push_body(bytes: &[u8]) -> Result<Vec<ParsedItem>, ProtocolError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ProtocolError("Empty request body".into()));
+    }
+    let text =
+        std::str::from_utf8(bytes).map_err(|e| ProtocolError(format!("Invalid JSON: {e}")))?;
+    let root: &RawValue =
+        serde_json::from_str(text).map_err(|e| ProtocolError(format!("Invalid JSON: {e}")))?;
+    let body: RawBody = serde_json::from_str(root.get())
+        .map_err(|_| ProtocolError("items array is required".into()))?;
+    let items_raw = body
+        .items
+        .ok_or_else(|| ProtocolError("items array is required".into()))?;
+    let items: Vec<&RawValue> = serde_json::from_str(items_raw.get())
+        .map_err(|_| ProtocolError("items array is required".into()))?;
+
+    let mut parsed = Vec::with_capacity(items.len());
+    for (index, raw) in items.into_iter().enumerate() {
+        let item: RawItem = serde_json::from_str(raw.get()).map_err(|e| {
+            ProtocolError(format!(
+                "item {index}: must be an object with string fields ({e})"
+            ))
+        })?;
+        let queue = match item.queue {
+            None => return Err(ProtocolError(format!("item {index}: queue is required"))),
+            Some(raw) if raw.get() == "null" => {
+                return Err(ProtocolError(format!(
+                    "item {index}: Queue must be a string"
+                )))
+            }
+            some => string_field(some, index, "queue", "Queue")?.expect("present and not null"),
+        };
+        if queue.is_empty() {
+            return Err(ProtocolError(format!(
+                "item {index}: queue must not be empty"
+            )));
+        }
+        let partition = string_field(item.partition, index, "partition", "Partition")?
+            .unwrap_or_else(|| "Default".into());
+        if partition.is_empty() {
+            return Err(ProtocolError(format!(
+                "item {index}: partition must not be empty"
+            )));
+        }
+        let transaction_id =
+            string_field(item.transaction_id, index, "transactionId", "TransactionId")?
+                .filter(|t| !t.is_empty());
+        let payload = item
+            .payload
+            .ok_or_else(|| ProtocolError(format!("item {index}: payload is required")))?
+            .get()
+            .to_string();
+        parsed.push(ParsedItem {
+            queue,
+            partition,
+            payload,
+            transaction_id,
+        });
+    }
+    Ok(parsed)
+}
+
+/// One element of the push response.
+#[derive(Debug, Serialize, Deserialize, Clone, PartialEq)]
+pub struct PushResult {
+    /// Position of the item in the request.
+    pub index: usize,
+    /// The new message's id, the original's for a duplicate, the minted id otherwise.
+    pub message_id: Uuid,
+    /// The dedup key used.
+    pub transaction_id: String,
+    /// The item's queue.
+    #[serde(rename = "queueName")]
+    pub queue_name: String,
+    /// `queued`, `duplicate`, `buffered` or `failed`.
+    pub status: String,
+}
+
+/// Turns validated items into write-path items, minting ids; `producer_sub` is stamped on all.
+pub fn mint(parsed: &[ParsedItem], producer_sub: Option<&str>) -> Vec<Item> {
+    let arrived_at_micros = now_micros();
+    parsed
+        .iter()
+        .map(|p| {
+            let message_id = Uuid::now_v7();
+            Item {
+                message_id,
+                transaction_id: p
+                    .transaction_id
+                    .clone()
+                    .unwrap_or_else(|| message_id.to_string()),
+                payload: p.payload.clone().into_boxed_str(),
+                producer_sub: producer_sub.map(str::to_string),
+                trace_id: None,
+                arrived_at_micros,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(body: &str) -> String {
+        parse_push_body(body.as_bytes()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn rejects_what_the_contract_rejects() {
+        assert_eq!(err(""), "Empty request body");
+        assert!(err("{").starts_with("Invalid JSON"));
+        assert_eq!(err("{}"), "items array is required");
+        assert_eq!(err(r#"{"items": 3}"#), "items array is required");
+        assert_eq!(err("[]"), "items array is required");
+        assert_eq!(
+            err(r#"{"items":[{"payload":1}]}"#),
+            "item 0: queue is required"
+        );
+        assert_eq!(
+            err(r#"{"items":[{"queue":"q","payload":1},{"queue":"q"}]}"#),
+            "item 1: payload is required"
+        );
+        assert_eq!(
+            err(r#"{"items":[{"queue":5,"payload":1}]}"#),
+            "item 0: Queue must be a string"
+        );
+        assert_eq!(
+            err(r#"{"items":[{"queue":"q","partition":1,"payload":1}]}"#),
+            "item 0: Partition must be a string"
+        );
+        assert_eq!(
+            err(r#"{"items":[{"queue":"q","transactionId":[],"payload":1}]}"#),
+            "item 0: TransactionId must be a string"
+        );
+        let long = "x".repeat(256);
+        assert!(err(&format!(
+            r#"{{"items":[{{"queue":"{long}","payload":1}}]}}"#
+        ))
+        .contains("longer than 255"));
+        assert!(err(r#"{"items":[7]}"#).starts_with("item 0: must be an object"));
+    }
+
+    #[test]
+    fn keeps_payload_bytes_and_defaults() {
+        let body = r#"{"items":[{"queue":"q","payload": {"b":1, "a":1.10,"n":12345678901234567890123}},
+                                {"queue":"q","partition":null,"transactionId":"","payload":null}]}"#;
+        let items = parse_push_body(body.as_bytes()).unwrap();
+        assert_eq!(
+            items[0].payload,
+            r#"{"b":1, "a":1.10,"n":12345678901234567890123}"#
+        );
+        assert_eq!(items[0].partition, "Default");
+        assert_eq!(items[1].payload, "null");
+        assert_eq!(items[1].transaction_id, None);
+    }
+
+    #[test]
+    fn a_name_of_255_characters_is_fine() {
+        let name = "é".repeat(255);
+        let body = format!(r#"{{"items":[{{"queue":"{name}","payload":1}}]}}"#);
+        assert_eq!(parse_push_body(body.as_bytes()).unwrap()[0].queue, name);
+    }
+}

@@ -1,0 +1,120 @@
+//! What every request handler can reach ([`AppState`]), and the small shared pieces of it that
+//! more than one handler or background task uses: admission accounting ([`Inflight`],
+//! [`admit`]) and the maintenance flags every broker follows ([`Flags`], [`read_flags`]).
+//!
+//! Sits above storage and the actors and below auth and http: it never imports a handler,
+//! the auth gate or the wiring in `app`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use broker_actors::committer::CommitterPool;
+use broker_actors::registry::Registry;
+use broker_actors::spool::SpoolHandle;
+use sqlx::PgPool;
+
+use crate::settings::Settings;
+use crate::storage::cache::SegmentCache;
+use crate::storage::system;
+use crate::wake::WakeHub;
+
+/// Request bytes currently held by the write path.
+#[derive(Default)]
+pub struct Inflight {
+    /// Bytes admitted and not yet answered.
+    pub bytes: AtomicUsize,
+}
+
+/// Flags every broker follows, as last read from PostgreSQL (push maintenance lives in the
+/// spool's state, next to the actors that act on it).
+#[derive(Default)]
+pub struct Flags {
+    pop_maintenance: AtomicBool,
+    generation: AtomicU64,
+}
+
+impl Flags {
+    /// Whether pop maintenance mode is on.
+    pub fn pop_maintenance(&self) -> bool {
+        self.pop_maintenance.load(Ordering::Acquire)
+    }
+
+    /// Sets pop maintenance mode.
+    pub fn set_pop_maintenance(&self, on: bool) {
+        self.pop_maintenance.store(on, Ordering::Release);
+    }
+
+    /// Marks a local change, so a poll that read the database before it does not undo it.
+    pub fn changed(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// How many local changes there have been (a poll compares it before and after its read).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+}
+
+/// What every request handler can reach.
+pub struct AppState {
+    /// Partition actors.
+    pub registry: Registry,
+    /// The shared pool.
+    pub pool: PgPool,
+    /// Settings.
+    pub settings: Arc<Settings>,
+    /// Admission accounting.
+    pub inflight: Arc<Inflight>,
+    /// Committers' backlog.
+    pub committers: CommitterPool,
+    /// The spool (depth, maintenance mode).
+    pub spool: SpoolHandle,
+    /// Shared flags.
+    pub flags: Arc<Flags>,
+    /// Waiting pops, woken by pushes (here and, via LISTEN, on other brokers).
+    pub wake: Arc<WakeHub>,
+    /// This broker's id, recorded as the owner of the leases it hands out.
+    pub broker_id: String,
+    /// Committed segments and handed-out lease ranges this broker knows (consume path).
+    pub cache: Arc<SegmentCache>,
+}
+
+/// Bytes currently admitted (for metrics and tests).
+pub fn inflight_bytes(state: &AppState) -> usize {
+    state.inflight.bytes.load(Ordering::Relaxed)
+}
+
+/// Holds request bytes against `QUEEN_MAX_INFLIGHT_BYTES` until dropped.
+pub struct Admission {
+    state: Arc<Inflight>,
+    bytes: usize,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.state.bytes.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// Admits `bytes` more request bytes when the total stays within `limit`; `None` means
+/// "overloaded, retry later".
+pub fn admit(inflight: &Arc<Inflight>, bytes: usize, limit: usize) -> Option<Admission> {
+    let before = inflight.bytes.fetch_add(bytes, Ordering::Relaxed);
+    let admission = Admission {
+        state: inflight.clone(),
+        bytes,
+    };
+    // A request larger than the limit alone is still served when nothing else is in flight.
+    (before == 0 || before + bytes <= limit).then_some(admission)
+}
+
+/// Reads (push maintenance, pop maintenance) from PostgreSQL.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn read_flags(pool: &PgPool) -> sqlx::Result<(bool, bool)> {
+    let push = system::flag(pool, system::MAINTENANCE).await?;
+    let pop = system::flag(pool, system::POP_MAINTENANCE).await?;
+    Ok((push, pop))
+}

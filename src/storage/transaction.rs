@@ -1,0 +1,204 @@
+//! `POST /api/v1/transaction` as one storage operation: push and ack operations applied in ONE
+//! database transaction; any failure rolls back all of it.
+//!
+//! Pushes go through [`commit::write_segments`], the same statements as `/push`, inside this
+//! transaction (so they bypass the partition actors; the partition row lock still orders them
+//! against every other writer). All pushes are written first (one lock pass over their
+//! partitions, in id order, so two transactions never deadlock), then the acks in request
+//! order. An ack cannot name a message pushed by the same transaction (it has never been
+//! leased), so the order is not observable.
+//!
+//! Knows nothing about the request's JSON: the handler parses it into a [`Request`] and writes
+//! the [`Outcome`] back out.
+
+use std::collections::HashMap;
+
+use broker_actors::store::SegmentWrite;
+use broker_actors::{Item, PartitionKey, Verdict};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::storage::acks::{self, Ack, AckMode, AckOutcome};
+use crate::storage::cache::SegmentCache;
+use crate::storage::error::is_unreachable;
+use crate::storage::{commit, leases, partitions};
+
+/// One push item of the transaction, with where its result goes.
+pub struct PushOp {
+    /// Position of its result in the response.
+    pub result: usize,
+    /// The minted item.
+    pub item: Item,
+    /// Its partition.
+    pub key: PartitionKey,
+}
+
+/// The parsed transaction.
+pub struct Request {
+    /// Push items, in request order.
+    pub pushes: Vec<PushOp>,
+    /// Acks, in request order (each knows its result position as `index`).
+    pub acks: Vec<Ack>,
+    /// Results in the response: one per push item and one per ack.
+    pub results: usize,
+    /// `requiredLeases`: each must be live, else nothing happens.
+    pub required_leases: Vec<String>,
+}
+
+/// What one operation did.
+pub enum OpResult {
+    /// A push item's verdict.
+    Push {
+        /// `queued` or `duplicate`.
+        verdict: Verdict,
+        /// The new message's id, or the original's for a duplicate.
+        message_id: Uuid,
+        /// The partition's public id.
+        partition_id: Option<Uuid>,
+        /// The pushed item (for its transactionId and queue).
+        op: usize,
+    },
+    /// An ack's outcome.
+    Ack(AckOutcome),
+}
+
+/// What the transaction did.
+pub struct Outcome {
+    /// Results of the operations that ran, in request order (all of them on success).
+    pub results: Vec<OpResult>,
+    /// Why the transaction rolled back, if it did.
+    pub error: Option<String>,
+    /// Partitions that got new messages (their long-polls are to be woken).
+    pub woken: Vec<PartitionKey>,
+}
+
+/// Runs `req` in one transaction. Database trouble that means "PostgreSQL is away" is an
+/// `Err` (the client retries); any other failure rolls back and is reported in
+/// [`Outcome::error`].
+///
+/// # Errors
+///
+/// An error for which [`is_unreachable`] holds.
+pub async fn apply(
+    conn: &mut PgConnection,
+    cache: &SegmentCache,
+    req: &Request,
+) -> sqlx::Result<Outcome> {
+    // One segment per partition, items in request order.
+    let mut writes: Vec<SegmentWrite> = Vec::new();
+    let mut slots: Vec<Vec<usize>> = Vec::new();
+    let mut by_key: HashMap<PartitionKey, usize> = HashMap::new();
+    for (n, push) in req.pushes.iter().enumerate() {
+        let w = *by_key.entry(push.key.clone()).or_insert_with(|| {
+            writes.push(SegmentWrite {
+                key: push.key.clone(),
+                partition_id: None,
+                items: Vec::new(),
+            });
+            slots.push(Vec::new());
+            writes.len() - 1
+        });
+        writes[w].items.push(push.item.clone());
+        slots[w].push(n);
+    }
+    let ids = if writes.is_empty() {
+        Vec::new()
+    } else {
+        commit::resolve_partition_ids(conn, &writes).await?
+    };
+    let uuids = if ids.is_empty() {
+        HashMap::new()
+    } else {
+        partitions::uuids(conn, &ids).await?
+    };
+
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let mut results: Vec<Option<OpResult>> = Vec::new();
+    results.resize_with(req.results, || None);
+    let fail = |results: Vec<Option<OpResult>>, error: String| Outcome {
+        results: results.into_iter().flatten().collect(),
+        error: Some(error),
+        woken: Vec::new(),
+    };
+
+    if !req.required_leases.is_empty() {
+        let parsed: Vec<Uuid> = req
+            .required_leases
+            .iter()
+            .filter_map(|l| Uuid::parse_str(l).ok())
+            .collect();
+        if parsed.len() != req.required_leases.len() {
+            return Ok(fail(
+                results,
+                "requiredLeases holds a lease id that is not a UUID".into(),
+            ));
+        }
+        let dead = leases::not_live(&mut tx, &parsed).await?;
+        if let Some(lease) = dead.first() {
+            return Ok(fail(results, format!("Lease {lease} is not live")));
+        }
+    }
+
+    let mut woken = Vec::new();
+    if !writes.is_empty() {
+        let outcomes = match commit::write_segments(&mut tx, &writes, &ids)
+            .await
+            .map_err(sqlx::Error::from)
+        {
+            Ok(o) => o,
+            Err(e) if !is_unreachable(&e) => return Ok(fail(results, e.to_string())),
+            Err(e) => return Err(e),
+        };
+        for ((write, outcome), members) in writes.iter().zip(&outcomes).zip(&slots) {
+            let partition_id = uuids.get(&outcome.partition_id).copied();
+            for (verdict, &n) in outcome.verdicts.iter().zip(members) {
+                let push = &req.pushes[n];
+                let message_id = match verdict {
+                    Verdict::Duplicate(original) => *original,
+                    _ => push.item.message_id,
+                };
+                results[push.result] = Some(OpResult::Push {
+                    verdict: *verdict,
+                    message_id,
+                    partition_id,
+                    op: n,
+                });
+            }
+            if outcome.verdicts.contains(&Verdict::Queued) {
+                woken.push(write.key.clone());
+            }
+        }
+    }
+
+    if !req.acks.is_empty() {
+        let outcomes = match acks::apply(&mut tx, cache, &req.acks, AckMode::Transaction).await {
+            Ok(o) => o,
+            Err(e) if !is_unreachable(&e) => return Ok(fail(results, e.to_string())),
+            Err(e) => return Err(e),
+        };
+        let mut first_error = None;
+        for o in outcomes {
+            if !o.success && first_error.is_none() {
+                first_error = Some(format!(
+                    "ack of {}: {}",
+                    o.transaction_id,
+                    o.error.as_deref().unwrap_or("unsupported status")
+                ));
+            }
+            let index = o.index;
+            results[index] = Some(OpResult::Ack(o));
+        }
+        if let Some(error) = first_error {
+            return Ok(fail(results, error));
+        }
+    }
+    match tx.commit().await {
+        Ok(()) => Ok(Outcome {
+            results: results.into_iter().flatten().collect(),
+            error: None,
+            woken,
+        }),
+        Err(e) if !is_unreachable(&e) => Ok(fail(Vec::new(), e.to_string())),
+        Err(e) => Err(e),
+    }
+}
