@@ -8,7 +8,11 @@
 //!   from the push being answered `queued` to the message's pop being answered. Then the
 //!   producers stop and the consumers drain the queue. The paced variants offer a share (50 %,
 //!   25 %) of the same round's push-only rate instead of pushing as fast as answered: whether
-//!   the consumers keep up with that, and the latency when they do.
+//!   the consumers keep up with that, and the latency when they do. Pops always ask for
+//!   [`POP_BATCH`]; a paced push carries 100 items (10 below 10 %, see
+//!   [`crate::scenario::paced_push_batch`]).
+//! - [`wakeup`]: one consumer long-polls the empty queue, the bench pushes one message: the
+//!   time from the push's answer to the pop's answer, sampled [`Params::wakeups`] times.
 //!
 //! Both check every message: consumed at most once (exactly once after the drain, for
 //! end-to-end), nothing consumed that was not acknowledged, and the committed offsets in
@@ -18,64 +22,22 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use sqlx::{Connection, PgConnection};
 
 use crate::broker::BrokerProcess;
 use crate::db::{self, Server};
+use crate::http::HttpConn;
 use crate::measure::{CpuTargets, Window};
+use crate::measurement::{
+    self, ConsumeDetail, Counters, Detail, Latency, Measurement, WakeupDetail, KEPT_UP_DRAIN_SECS,
+};
 use crate::profile;
-use crate::scenario::{self, trace, Counters, Detail, Measurement, Params, Scenario};
+use crate::scenario::{trace, Params, Scenario, POP_BATCH};
 use crate::traffic::{self, ConsumerLog, ProducerLog};
 use crate::BoxError;
 
 /// How long the end-to-end consumers may take to drain what was pushed.
 const DRAIN_LIMIT: Duration = Duration::from_secs(60);
-
-/// What the consuming scenarios measured besides the common fields.
-#[derive(Clone, Debug, Serialize)]
-pub struct ConsumeDetail {
-    /// Concurrent consumers.
-    pub consumers: usize,
-    /// Messages acked per second in the window (the main figure).
-    pub consumed_msgs_per_sec: f64,
-    /// Messages answered `queued` per second in the window (end-to-end), or while filling
-    /// the queue (pop+ack).
-    pub produced_msgs_per_sec: f64,
-    /// msg/s the paced producers offered (end-to-end, paced).
-    pub offered_msgs_per_sec: Option<f64>,
-    /// Messages per pop that returned messages.
-    pub msgs_per_pop: f64,
-    /// Pop request latency, ms (p50, p99).
-    pub pop_ms: (f64, f64),
-    /// Ack batch request latency, ms (p50, p99).
-    pub ack_ms: (f64, f64),
-    /// Pop + ack, ms (p50, p99).
-    pub cycle_ms: (f64, f64),
-    /// Push request latency, ms (p50, p99), end-to-end only.
-    pub push_ms: Option<(f64, f64)>,
-    /// Push answered `queued` → pop answered, ms (p50, p99, max), end-to-end only.
-    pub end_to_end_ms: Option<(f64, f64, f64)>,
-    /// Messages whose pop was answered before their push's answer reached the producer
-    /// (counted as 0 ms).
-    pub popped_before_push_answer: u64,
-    /// Pops answered 204 inside the window.
-    pub empty_pops: u64,
-    /// Messages in the queue before the window (pop+ack).
-    pub prefilled: u64,
-    /// Pushed but not yet consumed when the window closed (end-to-end).
-    pub backlog_at_end: i64,
-    /// Seconds the consumers took to drain after the producers stopped (end-to-end).
-    pub drain_secs: f64,
-    /// Messages consumed over the whole run (priming included).
-    pub consumed_total: u64,
-    /// Sum of queue mode's committed offsets (PostgreSQL's view of the same).
-    pub committed_offsets: i64,
-    /// Leases still live at the end.
-    pub live_leases: i64,
-    /// Every consumed message checked against its push's verdict.
-    pub check: traffic::Check,
-}
 
 /// Starts a broker on a fresh queue and primes every partition; returns it and the primed count.
 async fn start(
@@ -303,7 +265,7 @@ pub async fn pop_ack(
     broker.stop();
 
     let f = consumer_figures(&logs, &window);
-    let mut m = scenario::blank(scenario, round);
+    let mut m = measurement::blank(scenario, round);
     m.profile = profile;
     m.msgs_per_sec = f.msgs as f64 / window.secs();
     m.ops_per_sec = f.cycles as f64 / window.secs();
@@ -338,6 +300,7 @@ pub async fn pop_ack(
         prefilled,
         backlog_at_end: 0,
         drain_secs: f64::NAN,
+        kept_up: None,
         consumed_total,
         committed_offsets: committed,
         live_leases: live,
@@ -381,7 +344,7 @@ pub async fn end_to_end(
     let consumers = traffic::consumers(
         broker.port,
         params.consumers,
-        batch,
+        POP_BATCH,
         true,
         tag,
         stop_consumers.clone(),
@@ -448,11 +411,7 @@ pub async fn end_to_end(
             e2e.push(popped.saturating_duration_since(r.done));
         }
     }
-    let e2e_ms = (
-        traffic::percentile_ms(&mut e2e, 50.0),
-        traffic::percentile_ms(&mut e2e, 99.0),
-        traffic::percentile_ms(&mut e2e, 100.0),
-    );
+    let e2e_ms = Latency::of(&mut e2e);
     let mut push_lat = Vec::new();
     let mut produced = 0u64;
     let mut produced_by_end = 0u64;
@@ -472,12 +431,12 @@ pub async fn end_to_end(
         .map(|c| u64::from(c.msgs))
         .sum();
 
-    let mut m = scenario::blank(scenario, round);
+    let mut m = measurement::blank(scenario, round);
     m.profile = profile;
     m.msgs_per_sec = f.msgs as f64 / window.secs();
     m.ops_per_sec = f.cycles as f64 / window.secs();
-    m.p50_ms = e2e_ms.0;
-    m.p99_ms = e2e_ms.1;
+    m.p50_ms = e2e_ms.p50;
+    m.p99_ms = e2e_ms.p99;
     m.peak_rss_mib = peak.map(|b| b as f64 / (1024.0 * 1024.0));
     m.cpu = c0.cpu_until(&c1, params.ticks_per_sec);
     let secs = (c1.at - c0.at).as_secs_f64();
@@ -512,12 +471,231 @@ pub async fn end_to_end(
         prefilled: 0,
         backlog_at_end: (produced_by_end + primed) as i64 - consumed_by_end as i64,
         drain_secs,
+        kept_up: Some(m.verified && drain_secs <= KEPT_UP_DRAIN_SECS),
         consumed_total,
         committed_offsets: committed,
         live_leases: live,
         check,
     }));
     Ok(m)
+}
+
+/// Gives up on a wake-up sample after this long (the pop's own timeout is a bit longer).
+const WAKEUP_TIMEOUT_MS: u64 = 5_000;
+
+/// How long the consumer's pop is given to reach the broker and park before the push.
+const WAKEUP_SETTLE: Duration = Duration::from_millis(100);
+
+/// Long-poll wake-up; see the module docs. The priming messages are consumed first, so the
+/// queue is empty; then, [`Params::wakeups`] times: a consumer's `wait=true` pop is sent,
+/// [`WAKEUP_SETTLE`] later one message is pushed to the next partition, and the time from the
+/// push's answer to the pop's answer is recorded; the message is acked before the next sample.
+///
+/// # Errors
+///
+/// When setup fails or the priming messages cannot be consumed.
+pub async fn wakeup(
+    server: &mut Server,
+    params: &Params,
+    run: Run<'_>,
+) -> Result<Measurement, BoxError> {
+    let Run {
+        scenario,
+        round,
+        url,
+        ..
+    } = run;
+    let (broker, primed) = start(params, scenario, url).await?;
+    let tag = crate::data::fresh_seed();
+    // Empty the queue: consume the priming messages.
+    let stop = Arc::new(AtomicBool::new(false));
+    let counter = Arc::new(AtomicU64::new(0));
+    let drainers = traffic::consumers(
+        broker.port,
+        1,
+        POP_BATCH,
+        false,
+        tag,
+        stop.clone(),
+        counter.clone(),
+    );
+    let t = Instant::now();
+    while counter.load(Ordering::Relaxed) < primed && t.elapsed() < DRAIN_LIMIT {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for d in drainers {
+        d.await?;
+    }
+    if counter.load(Ordering::Relaxed) < primed {
+        broker.stop();
+        return Err(format!(
+            "wake-up: only {} of {primed} priming messages consumed",
+            counter.load(Ordering::Relaxed)
+        )
+        .into());
+    }
+    trace(params, "empty the queue", t);
+    let targets = CpuTargets {
+        broker: Some(broker.pid()),
+        postmaster: server.postmaster,
+    };
+    let c0 = Counters::read(server, &targets, true).await?;
+    let started = Instant::now();
+    let s = wakeup_samples(broker.port, params.wakeups, scenario.partitions, tag).await;
+    let secs = started.elapsed().as_secs_f64();
+    let c1 = Counters::read(server, &targets, true).await?;
+    let peak = crate::measure::peak_rss_bytes(broker.pid());
+    let broker_problems = broker.log_problems(3);
+    broker.stop();
+
+    let mut m = measurement::blank(scenario, round);
+    let (mut wake, mut sent, mut push) = (s.wake, s.from_sent, s.push);
+    let wake_ms = Latency::of(&mut wake);
+    m.msgs_per_sec = s.woken as f64 / secs;
+    m.ops_per_sec = m.msgs_per_sec;
+    m.p50_ms = wake_ms.p50;
+    m.p99_ms = wake_ms.p99;
+    m.peak_rss_mib = peak.map(|b| b as f64 / (1024.0 * 1024.0));
+    m.cpu = c0.cpu_until(&c1, params.ticks_per_sec);
+    m.errors = s.errors;
+    if let Some(e) = s.first_error {
+        m.problems.push(format!("{} errors, first: {e}", s.errors));
+    }
+    m.verified = s.woken == params.wakeups && s.errors == 0;
+    if s.woken < params.wakeups {
+        m.problems.push(format!(
+            "{} of {} waiting pops did not bring the pushed message",
+            params.wakeups - s.woken,
+            params.wakeups
+        ));
+    }
+    m.problems.extend(broker_problems);
+    m.detail = Some(Detail::Wakeup(WakeupDetail {
+        samples: params.wakeups,
+        woken: s.woken,
+        before_push_answer: s.early,
+        wake_ms,
+        from_push_sent_ms: Latency::of(&mut sent),
+        push_ms: Latency::of(&mut push),
+    }));
+    Ok(m)
+}
+
+/// What the wake-up samples recorded.
+#[derive(Default)]
+struct WakeupSamples {
+    /// Push answered → pop answered, per woken pop.
+    wake: Vec<Duration>,
+    /// Push sent → pop answered.
+    from_sent: Vec<Duration>,
+    /// Push request latency.
+    push: Vec<Duration>,
+    woken: usize,
+    early: usize,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl WakeupSamples {
+    fn fail(&mut self, what: String) {
+        self.errors += 1;
+        self.first_error.get_or_insert(what);
+    }
+}
+
+async fn wakeup_samples(port: u16, n: usize, partitions: u64, tag: u64) -> WakeupSamples {
+    let mut out = WakeupSamples::default();
+    let mut producer = HttpConn::new(port);
+    let mut consumer = HttpConn::new(port);
+    let mut rng = crate::data::Rng::new(tag);
+    let mut body = String::new();
+    let mut seq = 0u64;
+    let path = format!(
+        "/api/v1/pop/queue/{}?batch={POP_BATCH}&wait=true&timeout={}",
+        crate::data::QUEUE,
+        WAKEUP_TIMEOUT_MS
+    );
+    for k in 0..n {
+        let txn = crate::data::transaction_id(tag, 0, seq);
+        let pop_path = path.clone();
+        let waiting = tokio::spawn(async move {
+            let r = consumer.request("GET", &pop_path, b"").await;
+            (consumer, r, Instant::now())
+        });
+        tokio::time::sleep(WAKEUP_SETTLE).await;
+        let partition = crate::data::partition_name(k as u64 % partitions.max(1));
+        crate::data::push_body(&mut body, &partition, 1, (tag, 0), &mut seq, &mut rng);
+        let sent = Instant::now();
+        let pushed = producer
+            .request("POST", "/api/v1/push", body.as_bytes())
+            .await;
+        let pushed_at = Instant::now();
+        match &pushed {
+            Ok(r)
+                if r.status == 201 && traffic::verdicts(&r.body) == [traffic::Verdict::Queued] => {}
+            Ok(r) => out.fail(format!(
+                "push answered {}: {}",
+                r.status,
+                String::from_utf8_lossy(&r.body[..r.body.len().min(200)])
+            )),
+            Err(e) => out.fail(format!("push: {e}")),
+        }
+        let (conn, popped, popped_at) = match waiting.await {
+            Ok(x) => x,
+            Err(e) => {
+                out.fail(format!("pop task: {e}"));
+                consumer = HttpConn::new(port);
+                continue;
+            }
+        };
+        consumer = conn;
+        let r = match popped {
+            Ok(r) => r,
+            Err(e) => {
+                out.fail(format!("pop: {e}"));
+                continue;
+            }
+        };
+        if r.status == 204 {
+            continue; // timed out without the message: not woken
+        }
+        let mut ack = String::new();
+        let txns = match (r.status, traffic::ack_for(&r.body, &mut ack)) {
+            (200, Ok(t)) => t,
+            (status, _) => {
+                out.fail(format!(
+                    "pop answered {status}: {}",
+                    String::from_utf8_lossy(&r.body[..r.body.len().min(200)])
+                ));
+                continue;
+            }
+        };
+        if txns.contains(&txn.as_str()) {
+            out.woken += 1;
+            if popped_at < pushed_at {
+                out.early += 1;
+            }
+            out.wake
+                .push(popped_at.saturating_duration_since(pushed_at));
+            out.from_sent
+                .push(popped_at.saturating_duration_since(sent));
+            out.push.push(pushed_at - sent);
+        }
+        match consumer
+            .request("POST", "/api/v1/ack/batch", ack.as_bytes())
+            .await
+        {
+            Ok(a) if a.status == 200 && traffic::acked_ok(&a.body) == txns.len() => {}
+            Ok(a) => out.fail(format!(
+                "ack answered {}: {}",
+                a.status,
+                String::from_utf8_lossy(&a.body[..a.body.len().min(200)])
+            )),
+            Err(e) => out.fail(format!("ack: {e}")),
+        }
+    }
+    out
 }
 
 #[cfg(test)]

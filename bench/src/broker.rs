@@ -28,7 +28,7 @@ pub fn locate(given: Option<&Path>) -> Result<PathBuf, BoxError> {
     };
     if !path.exists() {
         return Err(format!(
-            "broker binary {} not found: build it with `cargo build --release --bins` or pass --broker-bin",
+            "broker binary {} not found: build it with `cargo build --release --bins` (same target directory as the bench) or pass --broker-bin",
             path.display()
         )
         .into());

@@ -10,66 +10,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use sqlx::{Connection, PgConnection};
 
 use crate::broker::BrokerProcess;
 use crate::db::{self, Server};
 use crate::http::HttpConn;
-use crate::measure::{CpuTargets, CpuUse, Window};
-use crate::scenario::{self, trace, Counters, Detail, Measurement, Params, Scenario};
+use crate::measure::{CpuTargets, Window};
+use crate::measurement::{self, Counters, Detail, Measurement, SpoolDetail};
+use crate::scenario::{trace, Params, Scenario};
 use crate::traffic::{self, ProducerLog, Verdict};
 use crate::BoxError;
 
 /// How long the replay may take before the bench gives up waiting.
 const DRAIN_LIMIT: Duration = Duration::from_secs(180);
-
-/// What the spool scenario measured besides the buffered window (the main figures).
-#[derive(Clone, Debug, Serialize)]
-pub struct SpoolDetail {
-    /// msg/s answered `queued` in the window before the outage (same broker process).
-    pub queued_msgs_per_sec: f64,
-    /// p50 request latency in that window, ms.
-    pub queued_p50_ms: f64,
-    /// p99 request latency in that window, ms.
-    pub queued_p99_ms: f64,
-    /// Cores used in that window.
-    pub queued_cpu: CpuUse,
-    /// msg/s answered `buffered` in the window during the outage.
-    pub buffered_msgs_per_sec: f64,
-    /// buffered ÷ queued.
-    pub ratio: f64,
-    /// Seconds `pg_ctl stop -m immediate` took.
-    pub stop_secs: f64,
-    /// Items answered `queued` over the whole run (outside the windows too).
-    pub queued_total: u64,
-    /// Items answered `buffered` over the whole run.
-    pub buffered_total: u64,
-    /// Spool depth (records) when PostgreSQL came back.
-    pub spool_records: u64,
-    /// Spool bytes on disk at that moment.
-    pub spool_bytes: u64,
-    /// The broker's peak RSS (MiB) when PostgreSQL came back, i.e. before any replay.
-    pub peak_rss_before_replay_mib: Option<f64>,
-    /// Seconds `pg_ctl start` took (crash recovery included) until it accepted connections.
-    pub restart_secs: f64,
-    /// Seconds from PostgreSQL accepting connections to the first replayed batch seen.
-    pub replay_start_secs: f64,
-    /// Seconds from PostgreSQL accepting connections to an empty spool.
-    pub drain_secs: f64,
-    /// Records replayed per second, from PostgreSQL accepting to an empty spool.
-    pub drain_msgs_per_sec: f64,
-    /// Records replayed per second once replay was under way (first batch seen to empty).
-    pub replay_msgs_per_sec: f64,
-    /// Cores used while draining.
-    pub drain_cpu: CpuUse,
-    /// WAL bytes per replayed record.
-    pub drain_wal_bytes_per_msg: f64,
-    /// Messages stored at the end (priming included).
-    pub stored: u64,
-    /// Every item checked against its verdict.
-    pub check: traffic::Check,
-}
 
 /// `spool.records`, `spool.replayed` and `spool.bytes` from the broker's `/metrics`.
 async fn spool_metrics(http: &mut HttpConn) -> Result<(u64, u64, u64), BoxError> {
@@ -252,7 +205,7 @@ pub async fn run(
     };
     let drain_wal = d0.wal_until(&d1, server).await? / records.max(1) as f64;
 
-    let mut m = scenario::blank(scenario, round);
+    let mut m = measurement::blank(scenario, round);
     m.msgs_per_sec = buffered_rate;
     m.ops_per_sec = buffered_ops as f64 / buffered_w.secs();
     m.p50_ms = buffered_p50;

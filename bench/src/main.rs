@@ -11,6 +11,11 @@
 //! Two more suites use the same machinery: `spool` (push while PostgreSQL is down, then the
 //! replay's drain rate) and `consume` (pop+ack on a filled queue, and producers with consumers
 //! together, with end-to-end latency).
+//!
+//! Modules, imports pointing down only: `main` (options, plan, rounds) → `report` → `runner`
+//! (one measurement: fresh database, dispatch) → the suites `push`, `spool`, `consume` →
+//! `measurement` (what a measurement produced) and `scenario` (what is measured) → `profile`,
+//! `db`, `traffic`, `load`, `broker` → `measure`, `http`, `data`.
 
 mod broker;
 mod consume;
@@ -19,8 +24,11 @@ mod db;
 mod http;
 mod load;
 mod measure;
+mod measurement;
 mod profile;
+mod push;
 mod report;
+mod runner;
 mod scenario;
 mod spool;
 mod traffic;
@@ -29,48 +37,136 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+#[cfg(test)]
+use clap::CommandFactory;
+use clap::{Parser, ValueEnum};
+
 use crate::report::Results;
-use crate::scenario::{Kind, Params, Scenario};
+use crate::scenario::{Kind, Params, Scenario, POP_BATCH};
 
 /// Errors of this program: any error, with its message.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-const USAGE: &str = "\
-bench: throughput and latency of POST /api/v1/push against same-run PostgreSQL baselines,
-pushing while PostgreSQL is down (spool), and consuming (pop+ack, end-to-end)
+/// bench: throughput and latency of POST /api/v1/push against same-run PostgreSQL baselines,
+/// pushing while PostgreSQL is down (spool), and consuming (pop+ack, end-to-end, paced
+/// end-to-end, long-poll wake-up).
+///
+/// Build the broker first (`cargo build --release --bins`, then `cargo run --release -p
+/// queen-bench -- OPTIONS`); the bench runs the `queen-broker`
+/// binary found beside its own executable (same target directory) unless --broker-bin says
+/// otherwise. Only 127.0.0.1 is ever contacted.
+#[derive(Parser, Debug)]
+#[command(name = "bench", version)]
+struct Args {
+    /// 100 partitions, batch 1 and 100, dedup on/off, 2 rounds (push suite ~2½ minutes, spool
+    /// + consume ~3 minutes); options given explicitly win.
+    #[arg(long)]
+    quick: bool,
+    /// Suites to run. spool and consume run at 100 partitions (else the first of --partitions)
+    /// with dedup on (unless --dedup off); consume adds the push-only scenario (batch 100) it is
+    /// compared with when the push suite does not measure it.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "LIST",
+        default_value = "push,spool,consume"
+    )]
+    suites: Vec<Suite>,
+    /// Rounds of the whole matrix [default: 3, 2 with --quick].
+    #[arg(long, value_name = "N")]
+    rounds: Option<usize>,
+    /// Timed window per measurement, seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 3.0)]
+    duration: f64,
+    /// Warm-up before the window, seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    warmup: f64,
+    /// Concurrent HTTP connections of the load generator (producers).
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    connections: usize,
+    /// SQL connections of the baselines [default: --connections].
+    #[arg(long, value_name = "N")]
+    baseline_connections: Option<usize>,
+    /// Messages per baseline transaction.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    baseline_batch: usize,
+    /// Items per push request [default: 1,10,100; 1,100 with --quick].
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    batches: Option<Vec<usize>>,
+    /// Partitions written [default: 1,100,10000; 100 with --quick].
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    partitions: Option<Vec<u64>>,
+    /// Dedup settings to measure.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "LIST",
+        default_value = "on,off"
+    )]
+    dedup: Vec<OnOff>,
+    /// Measure the broker only (no SQL baselines).
+    #[arg(long)]
+    no_baselines: bool,
+    /// Concurrent consumers of the consume suite.
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    consumers: usize,
+    /// Messages pushed before the pop+ack window (consume suite).
+    #[arg(long, value_name = "N", default_value_t = 300_000)]
+    prefill: u64,
+    /// Offered rates of the paced end-to-end runs (consume suite), in percent of the same
+    /// round's push-only msg/s; each producer pushes on a fixed schedule. Below 10 % a push
+    /// carries 10 items instead of 100, so each producer still pushes several times a second.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "PERCENTS",
+        default_value = "5,50"
+    )]
+    paced: Vec<u32>,
+    /// Long-poll wake-up samples per round (consume suite; 0: not measured): a consumer waits
+    /// on the empty queue, one message is pushed; push answered → pop answered.
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    wakeups: usize,
+    /// Use this PostgreSQL server (its database is used for CREATE DATABASE) instead of a
+    /// private durable cluster started from the local PostgreSQL binaries; the spool suite is
+    /// then skipped (it stops PostgreSQL).
+    #[arg(long, value_name = "URL")]
+    database_url: Option<String>,
+    /// The broker binary [default: queen-broker beside this program].
+    #[arg(long, value_name = "PATH")]
+    broker_bin: Option<PathBuf>,
+    /// Extra environment for the broker, e.g. QUEEN_COMMITTERS=8 (repeatable).
+    #[arg(long, value_name = "KEY=VALUE", value_parser = key_value)]
+    broker_env: Vec<(String, String)>,
+    /// Write every measurement and the summary as JSON.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    /// Write a bar chart of the push suite's msg/s as SVG.
+    #[arg(long, value_name = "PATH")]
+    svg: Option<PathBuf>,
+    /// Also record where the time goes (pg_stat_statements, sampled backend states, the
+    /// broker's commit log); costs a little throughput.
+    #[arg(long)]
+    profile: bool,
+    /// Print how long each setup step takes.
+    #[arg(short, long)]
+    verbose: bool,
+}
 
-USAGE: bench [OPTIONS]   (build first: cargo build --release --bins)
+/// `on` or `off` (for --dedup).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
 
-  --quick                 100 partitions, batch 1 and 100, dedup on/off, 2 rounds
-                          (push suite ~2½ minutes, spool + consume ~3 minutes)
-  --suites LIST           push,spool,consume (default all). spool and consume run at 100
-                          partitions (else the first of --partitions) with dedup on (unless
-                          --dedup off); consume adds the push-only scenario it is compared
-                          with (batch 100) when the push suite does not measure it
-  --rounds N              rounds of the whole matrix (default 3)
-  --duration SECS         timed window per measurement (default 3)
-  --warmup SECS           warm-up before the window (default 1)
-  --connections N         concurrent HTTP connections (default 64)
-  --baseline-connections N  SQL connections of the baselines (default: --connections)
-  --baseline-batch N      messages per baseline transaction (default 100)
-  --batches LIST          items per push request (default 1,10,100)
-  --partitions LIST       partitions written (default 1,100,10000)
-  --dedup LIST            on,off (default on,off)
-  --no-baselines          measure the broker only
-  --consumers N           concurrent consumers of the consume suite (default 16)
-  --prefill N             messages pushed before the pop+ack window (default 300000)
-  --database-url URL      use this server (its database is used for CREATE DATABASE) instead of
-                          a private durable cluster started from the local PostgreSQL binaries
-  --broker-bin PATH       the broker binary (default: queen-broker beside this program)
-  --broker-env K=V        extra environment for the broker (repeatable), e.g. QUEEN_COMMITTERS=8
-  --json PATH             write every measurement and the summary as JSON
-  --svg PATH              write a bar chart of msg/s as SVG
-  --profile               also record where the time goes (pg_stat_statements, sampled backend
-                          states, the broker's commit log); costs a little throughput
-  -v, --verbose           print how long each setup step takes
-  -h, --help              this text
-";
+fn key_value(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("expected KEY=VALUE, not {s:?}"))
+}
 
+/// The run's settings, defaults resolved.
 struct Options {
     rounds: usize,
     duration: f64,
@@ -87,156 +183,88 @@ struct Options {
     broker_env: Vec<(String, String)>,
     json: Option<PathBuf>,
     svg: Option<PathBuf>,
-    quick: bool,
     verbose: bool,
     profile: bool,
     suites: Vec<Suite>,
     consumers: usize,
     prefill: u64,
+    paced: Vec<u32>,
+    wakeups: usize,
 }
 
 /// The parts of the bench.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Suite {
     Push,
     Spool,
     Consume,
 }
 
-fn list<T: std::str::FromStr>(v: &str, name: &str) -> Result<Vec<T>, String> {
-    v.split(',')
-        .map(|x| {
-            x.trim()
-                .parse()
-                .map_err(|_| format!("{name}: cannot read {x:?}"))
-        })
-        .collect()
-}
-
-fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
-    let mut o = Options {
-        rounds: 3,
-        duration: 3.0,
-        warmup: 1.0,
-        connections: 64,
-        baseline_connections: None,
-        baseline_batch: 100,
-        batches: vec![1, 10, 100],
-        partitions: vec![1, 100, 10_000],
-        dedup: vec![true, false],
-        baselines: true,
-        database_url: None,
-        broker_bin: None,
-        broker_env: Vec::new(),
-        json: None,
-        svg: None,
-        quick: false,
-        verbose: false,
-        profile: false,
-        suites: vec![Suite::Push, Suite::Spool, Suite::Consume],
-        consumers: 16,
-        prefill: 300_000,
-    };
-    let mut explicit = Vec::new();
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{name} needs a value"))
+impl Options {
+    /// Resolves `--quick` and checks what clap cannot.
+    fn from_args(a: Args) -> Result<Self, String> {
+        let o = Options {
+            rounds: a.rounds.unwrap_or(if a.quick { 2 } else { 3 }),
+            duration: a.duration,
+            warmup: a.warmup,
+            connections: a.connections,
+            baseline_connections: a.baseline_connections,
+            baseline_batch: a.baseline_batch,
+            batches: a.batches.unwrap_or_else(|| {
+                if a.quick {
+                    vec![1, 100]
+                } else {
+                    vec![1, 10, 100]
+                }
+            }),
+            partitions: a.partitions.unwrap_or_else(|| {
+                if a.quick {
+                    vec![100]
+                } else {
+                    vec![1, 100, 10_000]
+                }
+            }),
+            dedup: a.dedup.iter().map(|d| *d == OnOff::On).collect(),
+            baselines: !a.no_baselines,
+            database_url: a.database_url,
+            broker_bin: a.broker_bin,
+            broker_env: a.broker_env,
+            json: a.json,
+            svg: a.svg,
+            verbose: a.verbose,
+            profile: a.profile,
+            suites: a.suites,
+            consumers: a.consumers,
+            prefill: a.prefill,
+            paced: a.paced,
+            wakeups: a.wakeups,
         };
-        let num_err = |name: &str| format!("{name}: expected a number");
-        match arg.as_str() {
-            "-h" | "--help" => return Ok(None),
-            "--quick" => o.quick = true,
-            "-v" | "--verbose" => o.verbose = true,
-            "--profile" => o.profile = true,
-            "--no-baselines" => o.baselines = false,
-            "--rounds" => o.rounds = value(arg)?.parse().map_err(|_| num_err(arg))?,
-            "--duration" => o.duration = value(arg)?.parse().map_err(|_| num_err(arg))?,
-            "--warmup" => o.warmup = value(arg)?.parse().map_err(|_| num_err(arg))?,
-            "--connections" => o.connections = value(arg)?.parse().map_err(|_| num_err(arg))?,
-            "--baseline-connections" => {
-                o.baseline_connections = Some(value(arg)?.parse().map_err(|_| num_err(arg))?)
-            }
-            "--baseline-batch" => {
-                o.baseline_batch = value(arg)?.parse().map_err(|_| num_err(arg))?
-            }
-            "--batches" => o.batches = list(&value(arg)?, arg)?,
-            "--partitions" => o.partitions = list(&value(arg)?, arg)?,
-            "--dedup" => {
-                o.dedup = value(arg)?
-                    .split(',')
-                    .map(|d| match d.trim() {
-                        "on" => Ok(true),
-                        "off" => Ok(false),
-                        other => Err(format!("--dedup: expected on or off, not {other:?}")),
-                    })
-                    .collect::<Result<_, _>>()?
-            }
-            "--database-url" => o.database_url = Some(value(arg)?),
-            "--broker-bin" => o.broker_bin = Some(PathBuf::from(value(arg)?)),
-            "--broker-env" => {
-                let kv = value(arg)?;
-                let (k, v) = kv
-                    .split_once('=')
-                    .ok_or_else(|| format!("--broker-env: expected KEY=VALUE, not {kv:?}"))?;
-                o.broker_env.push((k.to_string(), v.to_string()));
-            }
-            "--suites" => {
-                o.suites = value(arg)?
-                    .split(',')
-                    .map(|d| match d.trim() {
-                        "push" => Ok(Suite::Push),
-                        "spool" => Ok(Suite::Spool),
-                        "consume" => Ok(Suite::Consume),
-                        other => Err(format!(
-                            "--suites: expected push, spool or consume, not {other:?}"
-                        )),
-                    })
-                    .collect::<Result<_, _>>()?
-            }
-            "--consumers" => o.consumers = value(arg)?.parse().map_err(|_| num_err(arg))?,
-            "--prefill" => o.prefill = value(arg)?.parse().map_err(|_| num_err(arg))?,
-            "--json" => o.json = Some(PathBuf::from(value(arg)?)),
-            "--svg" => o.svg = Some(PathBuf::from(value(arg)?)),
-            other => return Err(format!("unknown option {other:?} (see --help)")),
+        if o.rounds == 0
+            || o.connections == 0
+            || o.baseline_batch == 0
+            || o.duration <= 0.0
+            || o.consumers == 0
+        {
+            return Err(
+                "rounds, connections, consumers, baseline batch and duration must be positive"
+                    .into(),
+            );
         }
-        explicit.push(arg.clone());
-    }
-    if o.quick {
-        let given = |name: &str| explicit.iter().any(|a| a == name);
-        if !given("--rounds") {
-            o.rounds = 2;
+        if o.suites.is_empty()
+            || o.partitions.is_empty()
+            || o.batches.is_empty()
+            || o.dedup.is_empty()
+        {
+            return Err("suites, partitions, batches and dedup must not be empty".into());
         }
-        if !given("--duration") {
-            o.duration = 3.0;
+        if o.paced.iter().any(|p| *p == 0 || *p > 1000) {
+            return Err("--paced: percentages from 1 to 1000".into());
         }
-        if !given("--batches") {
-            o.batches = vec![1, 100];
+        if o.batches.contains(&0) || o.partitions.contains(&0) {
+            return Err("batches and partitions must be positive".into());
         }
-        if !given("--partitions") {
-            o.partitions = vec![100];
-        }
+        Ok(o)
     }
-    if o.rounds == 0
-        || o.connections == 0
-        || o.baseline_batch == 0
-        || o.duration <= 0.0
-        || o.consumers == 0
-    {
-        return Err(
-            "rounds, connections, consumers, baseline batch and duration must be positive".into(),
-        );
-    }
-    if o.suites.is_empty() || o.partitions.is_empty() || o.batches.is_empty() || o.dedup.is_empty()
-    {
-        return Err("suites, partitions, batches and dedup must not be empty".into());
-    }
-    if o.batches.contains(&0) || o.partitions.contains(&0) {
-        return Err("batches and partitions must be positive".into());
-    }
-    Ok(Some(o))
 }
 
 /// The measurements of one round, in order: per partition count, the naive baselines, then per
@@ -279,21 +307,24 @@ fn plan(o: &Options, can_stop_postgres: bool) -> Vec<Scenario> {
         if !out.contains(&push_only) {
             out.push(push_only);
         }
-        for kind in [
-            Kind::PopAck { batch: 100 },
+        let mut kinds = vec![
+            Kind::PopAck { batch: POP_BATCH },
             Kind::EndToEnd {
                 batch: 100,
                 pace_pct: 0,
             },
-            Kind::EndToEnd {
-                batch: 100,
-                pace_pct: 50,
-            },
-            Kind::EndToEnd {
-                batch: 100,
-                pace_pct: 25,
-            },
-        ] {
+        ];
+        let mut paced = o.paced.clone();
+        paced.sort_unstable();
+        paced.dedup();
+        kinds.extend(paced.into_iter().map(|pace_pct| Kind::EndToEnd {
+            batch: scenario::paced_push_batch(pace_pct),
+            pace_pct,
+        }));
+        if o.wakeups > 0 {
+            kinds.push(Kind::Wakeup);
+        }
+        for kind in kinds {
             out.push(Scenario {
                 kind,
                 partitions,
@@ -384,7 +415,7 @@ async fn run(o: Options, argv: String) -> Result<bool, BoxError> {
     let broker_bin = broker::locate(o.broker_bin.as_deref())?;
     if cfg!(debug_assertions) || broker_bin.to_string_lossy().contains("/debug/") {
         eprintln!(
-            "bench: warning: a debug build is being measured; use cargo build --release --bins"
+            "bench: warning: a debug build is being measured; use cargo build --release --bins && cargo run --release -p queen-bench"
         );
     }
     let mut server = match &o.database_url {
@@ -440,6 +471,7 @@ async fn run_on(
         profile: o.profile,
         consumers: o.consumers,
         prefill: o.prefill,
+        wakeups: o.wakeups,
     };
     if o.suites.contains(&Suite::Spool) && !server.can_stop() {
         eprintln!(
@@ -466,7 +498,7 @@ async fn run_on(
                             }
                 })
                 .map(|m| m.msgs_per_sec);
-            let m = scenario::run(server, &params, s, round, push_only).await?;
+            let m = runner::run(server, &params, s, round, push_only).await?;
             eprintln!(
                 "[{:>3}/{total} {:>4.0}s] round {} {:<44} {:>9.0} msg/s  p50 {:>6.1} ms  p99 {:>6.1} ms{}  cpu b{:.2} pg{:.2} load{:.2} other{:.2}{}",
                 n,
@@ -503,6 +535,7 @@ async fn run_on(
     let targets = results.targets(target_p);
     let spool_rows = results.spool_rows();
     let consume_rows = results.consume_rows();
+    let wakeup_rows = results.wakeup_rows();
     let mut header = String::new();
     header.push_str(&format!("command: {argv}\n"));
     header.push_str(&format!(
@@ -544,6 +577,12 @@ async fn run_on(
         println!("Consuming ({} consumers):", o.consumers);
         println!("{}", report::consume_table(&consume_rows));
     }
+    if !wakeup_rows.is_empty() {
+        println!(
+            "Long-poll wake-up (one consumer waiting on the empty queue, one message pushed):"
+        );
+        println!("{}", report::wakeup_table(&wakeup_rows));
+    }
     println!("Targets (medians of per-round ratios, same run):");
     println!("{}", report::targets_text(&targets));
     if let Some(path) = &o.json {
@@ -560,10 +599,13 @@ async fn run_on(
                 "broker_env": o.broker_env,
                 "consumers": o.consumers,
                 "prefill": o.prefill,
+                "paced_pct": o.paced,
+                "wakeups": o.wakeups,
             },
             "summary": rows,
             "spool": spool_rows,
             "consuming": consume_rows,
+            "wakeup": wakeup_rows,
             "targets": targets,
             "measurements": results.all,
         });
@@ -582,20 +624,16 @@ async fn run_on(
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let options = match parse_args(&args) {
-        Ok(Some(o)) => o,
-        Ok(None) => {
-            print!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
+    let args = Args::parse();
+    let options = match Options::from_args(args) {
+        Ok(o) => o,
         Err(e) => {
             eprintln!("bench: {e}");
             return ExitCode::from(2);
         }
     };
     let argv = std::iter::once("bench".to_string())
-        .chain(args)
+        .chain(std::env::args().skip(1))
         .collect::<Vec<_>>()
         .join(" ");
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -616,19 +654,61 @@ fn main() -> ExitCode {
 mod tests {
     use super::*;
 
-    fn args(v: &[&str]) -> Vec<String> {
-        v.iter().map(|s| s.to_string()).collect()
+    fn parse(v: &[&str]) -> Result<Options, String> {
+        let args = Args::try_parse_from(std::iter::once("bench").chain(v.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        Options::from_args(args)
+    }
+
+    #[test]
+    fn the_options_parse_as_documented() {
+        Args::command().debug_assert();
+        let o = parse(&[]).expect("defaults");
+        assert_eq!(
+            (o.rounds, o.duration, o.warmup, o.connections),
+            (3, 3.0, 1.0, 64)
+        );
+        assert_eq!(o.batches, vec![1, 10, 100]);
+        assert_eq!(o.partitions, vec![1, 100, 10_000]);
+        assert_eq!(o.dedup, vec![true, false]);
+        assert_eq!(o.suites, vec![Suite::Push, Suite::Spool, Suite::Consume]);
+        assert_eq!((o.consumers, o.prefill, o.baselines), (16, 300_000, true));
+        assert_eq!((o.paced.clone(), o.wakeups), (vec![5, 50], 50));
+        let o = parse(&[
+            "--suites",
+            "spool,consume",
+            "--dedup",
+            "off",
+            "--batches",
+            "1,100",
+            "--broker-env",
+            "QUEEN_COMMITTERS=1",
+            "--broker-env",
+            "A=b=c",
+            "--no-baselines",
+            "-v",
+        ])
+        .expect("parses");
+        assert_eq!(o.suites, vec![Suite::Spool, Suite::Consume]);
+        assert_eq!((o.dedup, o.batches), (vec![false], vec![1, 100]));
+        assert_eq!(
+            o.broker_env,
+            vec![
+                ("QUEEN_COMMITTERS".into(), "1".into()),
+                ("A".into(), "b=c".into())
+            ]
+        );
+        assert!(!o.baselines && o.verbose);
     }
 
     #[test]
     fn quick_mode_shrinks_the_matrix_but_keeps_explicit_choices() {
-        let o = parse_args(&args(&["--quick", "--rounds", "5"]))
-            .expect("parses")
-            .expect("options");
+        let o = parse(&["--quick", "--rounds", "5"]).expect("parses");
         assert_eq!((o.rounds, o.partitions.clone()), (5, vec![100]));
         let p = plan(&o, true);
-        // push: 2 naive + 2 × (2 baselines + 2 batches); spool: 2 batches; consume: 4.
-        assert_eq!(p.len(), 2 + 2 * (2 + 2) + 2 + 4);
+        // push: 2 naive + 2 × (2 baselines + 2 batches); spool: 2 batches; consume: pop+ack,
+        // end-to-end, paced at 5 % and 50 %, wake-up.
+        assert_eq!(p.len(), 2 + 2 * (2 + 2) + 2 + 5);
         assert!(matches!(p[0].kind, Kind::Naive));
         assert!(matches!(p[2].kind, Kind::SegmentRows));
         assert!(matches!(p[4].kind, Kind::Broker { batch: 100 }));
@@ -641,23 +721,63 @@ mod tests {
                 pace_pct: 0
             }
         ));
-        let only = parse_args(&args(&["--quick", "--suites", "consume"]))
-            .expect("parses")
-            .expect("options");
+        assert!(matches!(
+            p[14].kind,
+            Kind::EndToEnd {
+                batch: 10,
+                pace_pct: 5
+            }
+        ));
+        assert!(matches!(
+            p[15].kind,
+            Kind::EndToEnd {
+                batch: 100,
+                pace_pct: 50
+            }
+        ));
+        assert!(matches!(p[16].kind, Kind::Wakeup));
+        let only = parse(&["--quick", "--suites", "consume"]).expect("parses");
+        assert_eq!(only.rounds, 2);
         let p = plan(&only, false);
-        assert_eq!(p.len(), 5, "the push-only scenario is added for the ratio");
+        assert_eq!(p.len(), 6, "the push-only scenario is added for the ratio");
         assert!(matches!(p[0].kind, Kind::Broker { batch: 100 }));
+        let rates = parse(&[
+            "--suites",
+            "consume",
+            "--paced",
+            "50,25,5,25",
+            "--wakeups",
+            "0",
+        ])
+        .expect("parses");
+        let paced: Vec<u32> = plan(&rates, true)
+            .iter()
+            .filter_map(|s| match s.kind {
+                Kind::EndToEnd { pace_pct, .. } if pace_pct > 0 => Some(pace_pct),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(paced, vec![5, 25, 50]);
+        assert!(!plan(&rates, true).iter().any(|s| s.kind == Kind::Wakeup));
+        assert!(parse(&["--paced", "0"]).is_err());
         assert!(!plan(&o, false)
             .iter()
             .any(|s| matches!(s.kind, Kind::Spool { .. })));
+        let explicit =
+            parse(&["--quick", "--partitions", "1,100", "--batches", "10"]).expect("parses");
+        assert_eq!(
+            (explicit.partitions, explicit.batches),
+            (vec![1, 100], vec![10])
+        );
     }
 
     #[test]
     fn bad_options_are_named() {
-        let err = parse_args(&args(&["--dedup", "maybe"]))
-            .err()
-            .expect("error");
+        let err = parse(&["--dedup", "maybe"]).err().expect("error");
         assert!(err.contains("--dedup"), "{err}");
-        assert!(parse_args(&args(&["--nope"])).is_err());
+        assert!(parse(&["--nope"]).is_err());
+        assert!(parse(&["--broker-env", "NOEQUALS"]).is_err());
+        assert!(parse(&["--rounds", "0"]).is_err());
+        assert!(parse(&["--batches", "1,x"]).is_err());
     }
 }

@@ -262,6 +262,38 @@ struct PopBody<'a> {
     messages: Vec<PoppedMessage<'a>>,
 }
 
+/// Writes into `ack` the `/api/v1/ack/batch` body that completes every message of the pop
+/// answer `pop` (with its lease); returns the messages' transaction ids.
+///
+/// # Errors
+///
+/// When `pop` is not a pop answer.
+pub fn ack_for<'a>(pop: &'a [u8], ack: &mut String) -> Result<Vec<&'a str>, serde_json::Error> {
+    let body: PopBody = serde_json::from_slice(pop)?;
+    ack.clear();
+    ack.push_str("{\"acknowledgments\":[");
+    for (k, m) in body.messages.iter().enumerate() {
+        if k > 0 {
+            ack.push(',');
+        }
+        ack.push_str("{\"transactionId\":\"");
+        ack.push_str(m.transaction_id);
+        ack.push_str("\",\"partitionId\":\"");
+        ack.push_str(m.partition_id);
+        ack.push_str("\",\"leaseId\":\"");
+        ack.push_str(m.lease_id);
+        ack.push_str("\",\"status\":\"completed\"}");
+    }
+    ack.push_str("],\"consumerGroup\":null}");
+    Ok(body.messages.iter().map(|m| m.transaction_id).collect())
+}
+
+/// Items of an `/ack/batch` answer that report `success: true`.
+pub fn acked_ok(answer: &[u8]) -> usize {
+    const OK: &[u8] = b"\"success\":true";
+    answer.windows(OK.len()).filter(|w| *w == OK).count()
+}
+
 /// One pop + ack round trip of a consumer.
 #[derive(Clone, Copy, Debug)]
 pub struct Cycle {
@@ -342,8 +374,8 @@ pub fn consumers(
                         }
                         continue;
                     }
-                    let body: PopBody = match (r.status, serde_json::from_slice(&r.body)) {
-                        (200, Ok(b)) => b,
+                    let txns = match (r.status, ack_for(&r.body, &mut ack)) {
+                        (200, Ok(t)) => t,
                         (status, parsed) => {
                             log.errors += 1;
                             log.first_error.get_or_insert(format!(
@@ -355,35 +387,20 @@ pub fn consumers(
                             continue;
                         }
                     };
-                    ack.clear();
-                    ack.push_str("{\"acknowledgments\":[");
-                    for (k, m) in body.messages.iter().enumerate() {
-                        if k > 0 {
-                            ack.push(',');
-                        }
-                        ack.push_str("{\"transactionId\":\"");
-                        ack.push_str(m.transaction_id);
-                        ack.push_str("\",\"partitionId\":\"");
-                        ack.push_str(m.partition_id);
-                        ack.push_str("\",\"leaseId\":\"");
-                        ack.push_str(m.lease_id);
-                        ack.push_str("\",\"status\":\"completed\"}");
-                        match parse_txn(m.transaction_id, tag) {
+                    for txn in &txns {
+                        match parse_txn(txn, tag) {
                             Some((c, seq)) => log.consumed.push((c as u16, seq, popped)),
                             None => log.other += 1,
                         }
                     }
-                    ack.push_str("],\"consumerGroup\":null}");
-                    let n = body.messages.len();
+                    let n = txns.len();
                     let answer = conn
                         .request("POST", "/api/v1/ack/batch", ack.as_bytes())
                         .await;
                     let acked = Instant::now();
                     match answer {
                         Ok(a) if a.status == 200 => {
-                            const OK: &[u8] = b"\"success\":true";
-                            let ok = a.body.windows(OK.len()).filter(|w| *w == OK).count();
-                            log.ack_failures += n.saturating_sub(ok) as u64;
+                            log.ack_failures += n.saturating_sub(acked_ok(&a.body)) as u64;
                         }
                         Ok(a) => {
                             log.errors += 1;
@@ -568,6 +585,23 @@ mod tests {
         assert!(!c.ok());
         let q = check(&logs, &counts, true);
         assert_eq!((q.acknowledged, q.lost, q.unexpected), (2, 1, 4));
+    }
+
+    #[test]
+    fn a_pop_answer_becomes_the_ack_of_all_its_messages() {
+        let pop = br#"{"messages":[{"transactionId":"t1","partitionId":"p1","leaseId":"l1","data":{"x":1}},{"transactionId":"t2","partitionId":"p1","leaseId":"l1","data":"y"}]}"#;
+        let mut ack = String::from("stale");
+        let txns = ack_for(pop, &mut ack).expect("a pop answer");
+        assert_eq!(txns, vec!["t1", "t2"]);
+        let v: serde_json::Value = serde_json::from_str(&ack).expect("valid JSON");
+        assert_eq!(v["acknowledgments"][1]["transactionId"], "t2");
+        assert_eq!(v["acknowledgments"][0]["leaseId"], "l1");
+        assert_eq!(v["acknowledgments"][0]["status"], "completed");
+        assert!(ack_for(b"[]", &mut ack).is_err());
+        assert_eq!(
+            acked_ok(br#"[{"success":true},{"success":false},{"success":true}]"#),
+            2
+        );
     }
 
     #[test]

@@ -7,10 +7,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::consume::ConsumeDetail;
 use crate::measure::{median, CpuUse};
-use crate::scenario::{Detail, Kind, Measurement, Scenario};
-use crate::spool::SpoolDetail;
+use crate::measurement::{ConsumeDetail, Detail, Latency, Measurement, SpoolDetail, WakeupDetail};
+use crate::scenario::{Kind, Scenario};
 
 /// Medians of one scenario over its rounds.
 #[derive(Clone, Debug, Serialize)]
@@ -150,6 +149,8 @@ pub struct ConsumeRow {
     pub produced_msgs_per_sec: f64,
     /// msg/s the paced producers offered.
     pub offered_msgs_per_sec: f64,
+    /// Median of per-round consumed ÷ offered msg/s (paced end-to-end).
+    pub consumed_vs_offered: f64,
     /// Against push-only (batch 100, same partitions and dedup) of the same round.
     pub vs_push_only: Option<Versus>,
     /// Push-only msg/s (median).
@@ -174,6 +175,8 @@ pub struct ConsumeRow {
     pub push_p99_ms: f64,
     /// Push answered → popped, p50 ms (end-to-end).
     pub end_to_end_p50_ms: f64,
+    /// ... p90 ms.
+    pub end_to_end_p90_ms: f64,
     /// ... p99 ms.
     pub end_to_end_p99_ms: f64,
     /// ... max ms.
@@ -182,10 +185,19 @@ pub struct ConsumeRow {
     pub backlog_at_end: f64,
     /// Seconds to drain after the producers stopped (end-to-end).
     pub drain_secs: f64,
+    /// Rounds in which the consumers kept up (see `ConsumeDetail::kept_up`), end-to-end.
+    pub kept_up_rounds: usize,
     /// Cores used in the window.
     pub cpu: CpuUse,
     /// CPU (broker + PostgreSQL + load generator) per consumed message, µs.
     pub cpu_us_per_msg: f64,
+    /// CPU of the broker and PostgreSQL per consumed message, µs (median of rounds).
+    pub broker_pg_us_per_msg: f64,
+    /// The same per pushed message in the push-only scenario of the same rounds.
+    pub push_only_broker_pg_us_per_msg: f64,
+    /// Median of per-round (µs per consumed message ÷ µs per pushed message), broker +
+    /// PostgreSQL.
+    pub broker_pg_cpu_vs_push_only: Option<f64>,
     /// WAL bytes per consumed message.
     pub wal_bytes_per_msg: f64,
     /// Highest broker peak RSS, MiB.
@@ -200,6 +212,88 @@ pub struct ConsumeRow {
     pub unverified: usize,
     /// Messages consumed, all rounds.
     pub consumed_total: u64,
+}
+
+/// Medians of the long-poll wake-up measurement over its rounds.
+#[derive(Clone, Debug, Serialize)]
+pub struct WakeupRow {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// Its label.
+    pub label: String,
+    /// Rounds measured.
+    pub rounds: usize,
+    /// Samples per round.
+    pub samples: usize,
+    /// Pops that brought their message, all rounds.
+    pub woken: usize,
+    /// Pops answered before the push's answer arrived (0 ms), all rounds.
+    pub before_push_answer: usize,
+    /// Push answered → pop answered, medians of the rounds' percentiles, ms.
+    pub wake_ms: Latency,
+    /// Push sent → pop answered, the same.
+    pub from_push_sent_ms: Latency,
+    /// Push request latency, the same.
+    pub push_ms: Latency,
+    /// Rounds whose check failed (a pop not woken, an error).
+    pub unverified: usize,
+}
+
+/// Broker + PostgreSQL CPU per message, µs.
+fn broker_pg_us(m: &Measurement) -> f64 {
+    (m.cpu.broker + m.cpu.postgres) / m.msgs_per_sec * 1e6
+}
+
+fn latency_median(all: &[Latency]) -> Latency {
+    let pick = |f: fn(&Latency) -> f64| median(&all.iter().map(f).collect::<Vec<_>>());
+    Latency {
+        p50: pick(|l| l.p50),
+        p90: pick(|l| l.p90),
+        p99: pick(|l| l.p99),
+        max: pick(|l| l.max),
+    }
+}
+
+/// The long-poll wake-up table, as Markdown.
+pub fn wakeup_table(rows: &[WakeupRow]) -> String {
+    let mut out = String::new();
+    out.push_str("| scenario | samples (woken) | push answered → pop answered p50/p90/p99/max ms | push sent → pop answered p50/p99 ms | push p50/p99 ms | check |\n");
+    out.push_str("|---|---:|---:|---:|---:|---|\n");
+    for r in rows {
+        let check = if r.unverified == 0 {
+            format!(
+                "every pop woken{}",
+                if r.before_push_answer > 0 {
+                    format!(
+                        " ({} before the push's answer arrived)",
+                        r.before_push_answer
+                    )
+                } else {
+                    String::new()
+                }
+            )
+        } else {
+            format!("⚠ {} unverified rounds", r.unverified)
+        };
+        let _ = writeln!(
+            out,
+            "| `{}` | {} × {} ({}) | **{}/{}/{}**/{} | {}/{} | {}/{} | {} |",
+            r.label,
+            r.rounds,
+            r.samples,
+            r.woken,
+            num(r.wake_ms.p50, 1),
+            num(r.wake_ms.p90, 1),
+            num(r.wake_ms.p99, 1),
+            num(r.wake_ms.max, 1),
+            num(r.from_push_sent_ms.p50, 1),
+            num(r.from_push_sent_ms.p99, 1),
+            num(r.push_ms.p50, 1),
+            num(r.push_ms.p99, 1),
+            check
+        );
+    }
+    out
 }
 
 fn cpu_median(all: impl Iterator<Item = CpuUse>) -> CpuUse {
@@ -279,20 +373,17 @@ pub fn spool_table(rows: &[SpoolRow]) -> String {
 /// The consuming table, as Markdown.
 pub fn consume_table(rows: &[ConsumeRow]) -> String {
     let mut out = String::new();
-    out.push_str("| scenario | consumed msg/s (median) | min–max | pushed msg/s | vs push-only (per CPU) | msg/pop | pop p50/p99 ms | ack p50/p99 ms | pop+ack p50/p99 ms | end-to-end p50/p99/max ms | backlog at end | drain s | CPU cores b/pg/load/other | CPU µs/msg | WAL B/msg | broker RSS MB | check |\n");
+    out.push_str("| scenario | consumed msg/s (median) | min–max | pushed msg/s | ÷ push-only (per CPU) | consumed ÷ offered | msg/pop | pop p50/p99 ms | ack p50/p99 ms | end-to-end p50/p90/p99/max ms | backlog at end | drain s | kept up (rounds) | CPU cores b/pg/load/other | CPU µs/msg b+pg (push-only; ratio) | CPU µs/msg b+pg+load | WAL B/msg | broker RSS MB | check |\n");
     out.push_str(
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in rows {
+        let e2e_kind = matches!(r.scenario.kind, Kind::EndToEnd { .. });
         let check = if r.unverified == 0 && r.errors == 0 {
             format!(
                 "{} consumed, 0 duplicates{}",
                 kilo(r.consumed_total as f64),
-                if matches!(r.scenario.kind, Kind::EndToEnd { .. }) {
-                    ", 0 lost"
-                } else {
-                    ""
-                }
+                if e2e_kind { ", 0 lost" } else { "" }
             )
         } else {
             format!(
@@ -302,15 +393,15 @@ pub fn consume_table(rows: &[ConsumeRow]) -> String {
         };
         let e2e = if r.end_to_end_p50_ms.is_finite() {
             format!(
-                "{:.1}/{:.1}/{:.0}",
-                r.end_to_end_p50_ms, r.end_to_end_p99_ms, r.end_to_end_max_ms
+                "{:.1}/{:.1}/{:.1}/{:.0}",
+                r.end_to_end_p50_ms, r.end_to_end_p90_ms, r.end_to_end_p99_ms, r.end_to_end_max_ms
             )
         } else {
             "-".into()
         };
         let _ = writeln!(
             out,
-            "| `{}` | {} | {}–{} | {} | {} | {} | {}/{} | {}/{} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| `{}` | {} | {}–{} | {} | {} | {} | {} | {}/{} | {}/{} | {} | {} | {} | {} | {} | {} ({}; {}) | {} | {} | {} | {} |",
             r.label,
             kilo(r.consumed_msgs_per_sec),
             kilo(r.consumed_min),
@@ -325,21 +416,24 @@ pub fn consume_table(rows: &[ConsumeRow]) -> String {
                 kilo(r.produced_msgs_per_sec)
             },
             vs(r.vs_push_only),
+            num(r.consumed_vs_offered, 2),
             num(r.msgs_per_pop, 1),
             num(r.pop_p50_ms, 1),
             num(r.pop_p99_ms, 1),
             num(r.ack_p50_ms, 1),
             num(r.ack_p99_ms, 1),
-            num(r.cycle_p50_ms, 1),
-            num(r.cycle_p99_ms, 1),
             e2e,
-            if matches!(r.scenario.kind, Kind::EndToEnd { .. }) {
-                kilo(r.backlog_at_end)
+            if e2e_kind { kilo(r.backlog_at_end) } else { "-".into() },
+            num(r.drain_secs, 2),
+            if e2e_kind {
+                format!("{}/{}", r.kept_up_rounds, r.rounds)
             } else {
                 "-".into()
             },
-            num(r.drain_secs, 2),
             cores(&r.cpu),
+            num(r.broker_pg_us_per_msg, 1),
+            num(r.push_only_broker_pg_us_per_msg, 1),
+            opt(r.broker_pg_cpu_vs_push_only, 2),
             num(r.cpu_us_per_msg, 0),
             num(r.wal_bytes_per_msg, 0),
             num(r.peak_rss_mib * 1.048_576, 1),
@@ -437,9 +531,11 @@ impl Results {
                 self.versus(s, base(Kind::Naive, true)),
                 self.versus(s, base(Kind::Naive, false)),
             ),
-            Kind::Naive | Kind::Spool { .. } | Kind::PopAck { .. } | Kind::EndToEnd { .. } => {
-                (None, None, None, None)
-            }
+            Kind::Naive
+            | Kind::Spool { .. }
+            | Kind::PopAck { .. }
+            | Kind::EndToEnd { .. }
+            | Kind::Wakeup => (None, None, None, None),
         };
         Row {
             scenario: s,
@@ -568,9 +664,22 @@ impl Results {
                     kind: Kind::Broker { batch: 100 },
                     ..s
                 };
-                let e2e = |i: usize| {
-                    pick(&move |_, d| d.end_to_end_ms.map_or(f64::NAN, |t| [t.0, t.1, t.2][i]))
+                let e2e = |f: fn(&Latency) -> f64| {
+                    pick(&move |_, d| d.end_to_end_ms.as_ref().map_or(f64::NAN, f))
                 };
+                let push_only_cpu: HashMap<usize, f64> = self
+                    .of(push_only)
+                    .iter()
+                    .map(|m| (m.round, broker_pg_us(m)))
+                    .collect();
+                let cpu_ratios: Vec<f64> = ms
+                    .iter()
+                    .filter_map(|(m, _)| {
+                        let base = push_only_cpu.get(&m.round)?;
+                        (*base > 0.0 && base.is_finite()).then(|| broker_pg_us(m) / base)
+                    })
+                    .collect();
+                let cpu_ratio = median(&cpu_ratios);
                 let push =
                     |i: usize| pick(&move |_, d| d.push_ms.map_or(f64::NAN, |t| [t.0, t.1][i]));
                 ConsumeRow {
@@ -583,6 +692,9 @@ impl Results {
                     consumed_max: rates.iter().copied().fold(0.0, f64::max),
                     produced_msgs_per_sec: pick(&|_, d| d.produced_msgs_per_sec),
                     offered_msgs_per_sec: pick(&|_, d| d.offered_msgs_per_sec.unwrap_or(f64::NAN)),
+                    consumed_vs_offered: pick(&|m, d| {
+                        m.msgs_per_sec / d.offered_msgs_per_sec.unwrap_or(f64::NAN)
+                    }),
                     vs_push_only: self.versus(s, push_only),
                     push_only_msgs_per_sec: median(
                         &self
@@ -600,13 +712,24 @@ impl Results {
                     cycle_p99_ms: pick(&|_, d| d.cycle_ms.1),
                     push_p50_ms: push(0),
                     push_p99_ms: push(1),
-                    end_to_end_p50_ms: e2e(0),
-                    end_to_end_p99_ms: e2e(1),
-                    end_to_end_max_ms: e2e(2),
+                    end_to_end_p50_ms: e2e(|l| l.p50),
+                    end_to_end_p90_ms: e2e(|l| l.p90),
+                    end_to_end_p99_ms: e2e(|l| l.p99),
+                    end_to_end_max_ms: e2e(|l| l.max),
                     backlog_at_end: pick(&|_, d| d.backlog_at_end as f64),
                     drain_secs: pick(&|_, d| d.drain_secs),
+                    kept_up_rounds: ms.iter().filter(|(_, d)| d.kept_up == Some(true)).count(),
                     cpu: cpu_median(ms.iter().map(|(m, _)| m.cpu)),
                     cpu_us_per_msg: pick(&|m, _| m.cpu.ours() / m.msgs_per_sec * 1e6),
+                    broker_pg_us_per_msg: pick(&|m, _| broker_pg_us(m)),
+                    push_only_broker_pg_us_per_msg: median(
+                        &self
+                            .of(push_only)
+                            .iter()
+                            .map(|m| broker_pg_us(m))
+                            .collect::<Vec<_>>(),
+                    ),
+                    broker_pg_cpu_vs_push_only: cpu_ratio.is_finite().then_some(cpu_ratio),
                     wal_bytes_per_msg: pick(&|m, _| m.wal_bytes_per_msg),
                     peak_rss_mib: ms
                         .iter()
@@ -617,6 +740,148 @@ impl Results {
                     lost: ms.iter().map(|(_, d)| d.check.lost).sum(),
                     unverified: ms.iter().filter(|(m, _)| !m.verified).count(),
                     consumed_total: ms.iter().map(|(_, d)| d.consumed_total).sum(),
+                }
+            })
+            .collect()
+    }
+
+    /// The consuming targets ("Consuming as fast as producing"), at `partitions`, dedup on:
+    /// pop+ack and end-to-end against push-only, the paced runs at 5 % and 50 %, the long-poll
+    /// wake-up, and the CPU per consumed message against the CPU per pushed one.
+    fn consume_targets(&self, partitions: u64) -> Vec<Target> {
+        let at = |kind| Scenario {
+            kind,
+            partitions,
+            dedup: true,
+        };
+        let rows = self.consume_rows();
+        let row = |s: Scenario| rows.iter().find(|r| r.scenario == s);
+        let mut out = Vec::new();
+        let pop_ack = at(Kind::PopAck { batch: 100 });
+        if let Some(r) = row(pop_ack).and_then(|r| r.vs_push_only.map(|v| (r, v))) {
+            let (r, v) = r;
+            out.push(Target {
+                name: format!("pop+ack msg/s vs push-only, batch 100, {partitions} partitions"),
+                value: v.throughput,
+                goal: "≥ 1.00×".into(),
+                met: v.throughput >= 1.0,
+                note: format!(
+                    "{} vs {} msg/s",
+                    kilo(r.consumed_msgs_per_sec),
+                    kilo(r.push_only_msgs_per_sec)
+                ),
+            });
+        }
+        if let Some(r) = row(pop_ack) {
+            if let Some(c) = r.broker_pg_cpu_vs_push_only {
+                out.push(Target {
+                    name: "broker + PostgreSQL CPU per consumed message (pop+ack) vs per pushed message".into(),
+                    value: c,
+                    goal: "≤ 1.00×".into(),
+                    met: c <= 1.0,
+                    note: format!(
+                        "{:.1} µs vs {:.1} µs",
+                        r.broker_pg_us_per_msg, r.push_only_broker_pg_us_per_msg
+                    ),
+                });
+            }
+        }
+        let e2e = at(Kind::EndToEnd {
+            batch: 100,
+            pace_pct: 0,
+        });
+        if let Some(r) = row(e2e).and_then(|r| r.vs_push_only.map(|v| (r, v))) {
+            let (r, v) = r;
+            out.push(Target {
+                name: format!(
+                    "end-to-end consumed msg/s vs push-only, batch 100, {partitions} partitions"
+                ),
+                value: v.throughput,
+                goal: "≥ 0.60×".into(),
+                met: v.throughput >= 0.6,
+                note: format!(
+                    "end-to-end latency p50 {:.1} ms, p99 {:.1} ms",
+                    r.end_to_end_p50_ms, r.end_to_end_p99_ms
+                ),
+            });
+        }
+        let paced = |pct: u32| {
+            row(at(Kind::EndToEnd {
+                batch: crate::scenario::paced_push_batch(pct),
+                pace_pct: pct,
+            }))
+        };
+        if let Some(r) = paced(5) {
+            out.push(Target {
+                name: "paced at 5 % of push-only: end-to-end p99 ms (and p50 < 20 ms)".into(),
+                value: r.end_to_end_p99_ms,
+                goal: "p50 < 20 ms, p99 < 100 ms".into(),
+                met: r.end_to_end_p50_ms < 20.0 && r.end_to_end_p99_ms < 100.0,
+                note: format!(
+                    "p50 {:.1} ms; consumed ÷ offered {:.2}",
+                    r.end_to_end_p50_ms, r.consumed_vs_offered
+                ),
+            });
+        }
+        if let Some(r) = paced(50) {
+            out.push(Target {
+                name: "paced at 50 % of push-only: end-to-end p99 ms, every message consumed".into(),
+                value: r.end_to_end_p99_ms,
+                goal: "kept up in every round, p99 < 250 ms".into(),
+                met: r.kept_up_rounds == r.rounds && r.end_to_end_p99_ms < 250.0,
+                note: format!(
+                    "kept up in {}/{} rounds (drain ≤ {} s after the window); consumed ÷ offered {:.2}; backlog at the window's end {}",
+                    r.kept_up_rounds,
+                    r.rounds,
+                    crate::measurement::KEPT_UP_DRAIN_SECS,
+                    r.consumed_vs_offered,
+                    kilo(r.backlog_at_end)
+                ),
+            });
+        }
+        if let Some(w) = self
+            .wakeup_rows()
+            .into_iter()
+            .find(|w| w.scenario == at(Kind::Wakeup))
+        {
+            out.push(Target {
+                name: "long-poll wake-up, push answered → pop answered, p99 ms".into(),
+                value: w.wake_ms.p99,
+                goal: "< 50 ms".into(),
+                met: w.wake_ms.p99 < 50.0 && w.unverified == 0,
+                note: format!("p50 {:.1} ms, {} samples", w.wake_ms.p50, w.woken),
+            });
+        }
+        out
+    }
+
+    /// One row per long-poll wake-up scenario: medians of the rounds' percentiles.
+    pub fn wakeup_rows(&self) -> Vec<WakeupRow> {
+        self.scenarios_where(|k| matches!(k, Kind::Wakeup))
+            .into_iter()
+            .map(|s| {
+                let ms: Vec<(&Measurement, &WakeupDetail)> = self
+                    .of(s)
+                    .into_iter()
+                    .filter_map(|m| match &m.detail {
+                        Some(Detail::Wakeup(d)) => Some((m, d)),
+                        _ => None,
+                    })
+                    .collect();
+                let lat = |f: fn(&WakeupDetail) -> Latency| {
+                    latency_median(&ms.iter().map(|(_, d)| f(d)).collect::<Vec<_>>())
+                };
+                WakeupRow {
+                    scenario: s,
+                    label: s.label(),
+                    rounds: ms.len(),
+                    samples: ms.first().map_or(0, |(_, d)| d.samples),
+                    woken: ms.iter().map(|(_, d)| d.woken).sum(),
+                    before_push_answer: ms.iter().map(|(_, d)| d.before_push_answer).sum(),
+                    wake_ms: lat(|d| d.wake_ms),
+                    from_push_sent_ms: lat(|d| d.from_push_sent_ms),
+                    push_ms: lat(|d| d.push_ms),
+                    unverified: ms.iter().filter(|(m, _)| !m.verified).count(),
                 }
             })
             .collect()
@@ -715,80 +980,7 @@ impl Results {
                 ),
             });
         }
-        let e2e = Scenario {
-            kind: Kind::EndToEnd {
-                batch: 100,
-                pace_pct: 0,
-            },
-            partitions,
-            dedup: true,
-        };
-        if let Some(r) = self.ratio(e2e, broker(100, true)) {
-            let lat = self.consume_of(e2e);
-            let p = |f: fn(&ConsumeDetail) -> Option<(f64, f64, f64)>, i: usize| {
-                median(
-                    &lat.iter()
-                        .filter_map(|(_, d)| f(d))
-                        .map(|t| [t.0, t.1, t.2][i])
-                        .collect::<Vec<_>>(),
-                )
-            };
-            out.push(Target {
-                name: format!(
-                    "end-to-end consumed msg/s vs push-only, batch 100, {partitions} partitions"
-                ),
-                value: r,
-                goal: "≥ 0.50×".into(),
-                met: r >= 0.50,
-                note: format!(
-                    "end-to-end latency p50 {:.1} ms, p99 {:.1} ms",
-                    p(|d| d.end_to_end_ms, 0),
-                    p(|d| d.end_to_end_ms, 1)
-                ),
-            });
-        }
-        let paced = self.consume_of(Scenario {
-            kind: Kind::EndToEnd {
-                batch: 100,
-                pace_pct: 50,
-            },
-            partitions,
-            dedup: true,
-        });
-        if !paced.is_empty() {
-            let kept: Vec<f64> = paced
-                .iter()
-                .map(|(m, d)| m.msgs_per_sec / d.offered_msgs_per_sec.unwrap_or(f64::NAN))
-                .collect();
-            let backlog_secs: Vec<f64> = paced
-                .iter()
-                .map(|(_, d)| d.backlog_at_end as f64 / d.offered_msgs_per_sec.unwrap_or(f64::NAN))
-                .collect();
-            let r = median(&kept);
-            let b = median(&backlog_secs);
-            let p = |i: usize| {
-                median(
-                    &paced
-                        .iter()
-                        .filter_map(|(_, d)| d.end_to_end_ms)
-                        .map(|t| [t.0, t.1][i])
-                        .collect::<Vec<_>>(),
-                )
-            };
-            out.push(Target {
-                name: format!(
-                    "end-to-end with producers offering 50% of push-only, {partitions} partitions: consumed ÷ offered"
-                ),
-                value: r,
-                goal: "≥ 0.95×, backlog < 1 s".into(),
-                met: r >= 0.95 && b < 1.0,
-                note: format!(
-                    "backlog at the window's end {b:.2} s of offered traffic; end-to-end latency p50 {:.1} ms, p99 {:.1} ms",
-                    p(0),
-                    p(1)
-                ),
-            });
-        }
+        out.extend(self.consume_targets(partitions));
         let b1 = self.of(broker(1, true));
         if !b1.is_empty() {
             let p99 = median(&b1.iter().map(|m| m.p99_ms).collect::<Vec<_>>());
@@ -1139,11 +1331,20 @@ pub fn detail_line(m: &Measurement) -> Option<String> {
             num(d.ack_ms.0, 1),
             num(d.ack_ms.1, 1),
             d.end_to_end_ms.map_or(String::new(), |t| format!(
-                ", end-to-end p50/p99/max {:.1}/{:.1}/{:.0} ms",
-                t.0, t.1, t.2
+                ", end-to-end p50/p90/p99/max {:.1}/{:.1}/{:.1}/{:.0} ms",
+                t.p50, t.p90, t.p99, t.max
             )),
             if d.drain_secs.is_finite() {
-                format!(", backlog {} drained in {:.1} s", d.backlog_at_end, d.drain_secs)
+                format!(
+                    ", backlog {} drained in {:.1} s{}",
+                    d.backlog_at_end,
+                    d.drain_secs,
+                    match d.kept_up {
+                        Some(true) => ", kept up",
+                        Some(false) => ", did not keep up",
+                        None => "",
+                    }
+                )
             } else {
                 String::new()
             },
@@ -1155,6 +1356,16 @@ pub fn detail_line(m: &Measurement) -> Option<String> {
             } else {
                 format!("lost {}", d.check.lost)
             }
+        )),
+        Some(Detail::Wakeup(d)) => Some(format!(
+            "{} of {} waiting pops woken; push answered → pop answered p50/p90/p99/max {}/{}/{}/{} ms (push p50 {} ms)",
+            d.woken,
+            d.samples,
+            num(d.wake_ms.p50, 1),
+            num(d.wake_ms.p90, 1),
+            num(d.wake_ms.p99, 1),
+            num(d.wake_ms.max, 1),
+            num(d.push_ms.p50, 1)
         )),
         None => None,
     }

@@ -1,0 +1,139 @@
+//! What is measured: the scenarios ([`Kind`], [`Scenario`]) and the parameters every
+//! measurement of a run shares ([`Params`]). The suites (push, spool, consume), the runner and
+//! the report import it; it imports none of them.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// What is measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// Baseline (1): the broker's rows (segments + dedup sidecar) inserted by SQL.
+    SegmentRows,
+    /// Baseline (1+): the same rows through the broker's commit transaction, one segment each.
+    SegmentTxn,
+    /// Baseline (2): one row per message; `dedup` means the unique (partition, txn) index.
+    Naive,
+    /// The broker, `batch` items per push request.
+    Broker {
+        /// Items per request.
+        batch: usize,
+    },
+    /// The broker with PostgreSQL taken away: pushes answered `buffered` (spool) against
+    /// `queued` with the same broker just before, then the replay's drain rate.
+    Spool {
+        /// Items per request.
+        batch: usize,
+    },
+    /// Consumers only, on a pre-filled queue: pop `batch` (no long-poll) + ack batch.
+    PopAck {
+        /// Messages per pop.
+        batch: usize,
+    },
+    /// Producers (push `batch`) and consumers (long-poll pop [`POP_BATCH`] + ack batch)
+    /// together.
+    EndToEnd {
+        /// Items per push.
+        batch: usize,
+        /// 0: producers push as fast as they are answered; else they offer this percentage of
+        /// the same round's push-only rate (batch `batch`), on a fixed schedule.
+        pace_pct: u32,
+    },
+    /// Long-poll wake-up: one consumer waits (`wait=true`) on the empty queue, one message is
+    /// pushed; push answered → pop answered, [`Params::wakeups`] times.
+    Wakeup,
+}
+
+/// Messages per pop of the consuming scenarios.
+pub const POP_BATCH: usize = 100;
+
+/// Items per push of a paced end-to-end run offering `pace_pct` % of push-only: 100, but 10
+/// below 10 %, so that each producer still pushes several times a second (64 producers at 5 %
+/// of 100k msg/s: one request of 10 every 128 ms each, instead of one of 100 every 1.3 s).
+pub fn paced_push_batch(pace_pct: u32) -> usize {
+    if pace_pct < 10 {
+        10
+    } else {
+        100
+    }
+}
+
+/// A workload: what, on how many partitions, dedup on or off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Scenario {
+    /// What is measured.
+    pub kind: Kind,
+    /// Partitions written (each request/transaction picks one at random).
+    pub partitions: u64,
+    /// Dedup on (broker, baseline 1: window 3600 s; baseline 2: the unique index).
+    pub dedup: bool,
+}
+
+impl Scenario {
+    /// A one-line label.
+    pub fn label(&self) -> String {
+        let d = if self.dedup { "on" } else { "off" };
+        let p = self.partitions;
+        match self.kind {
+            Kind::Broker { batch } => format!("broker, batch {batch}, P={p}, dedup {d}"),
+            Kind::Spool { batch } => {
+                format!("spool: PostgreSQL down, batch {batch}, P={p}, dedup {d}")
+            }
+            Kind::PopAck { batch } => format!("pop+ack, batch {batch}, P={p}, dedup {d}"),
+            Kind::EndToEnd { batch, pace_pct: 0 } => {
+                format!("end-to-end push+pop+ack, batch {batch}, P={p}, dedup {d}")
+            }
+            Kind::EndToEnd { batch, pace_pct } => format!(
+                "end-to-end, producers paced at {pace_pct}% of push-only, push batch {batch}, P={p}, dedup {d}"
+            ),
+            Kind::Wakeup => format!("long-poll wake-up, P={p}, dedup {d}"),
+            Kind::SegmentRows => format!("(1) segment rows by SQL, P={p}, dedup {d}"),
+            Kind::SegmentTxn => format!("(1+) broker's txn by SQL, P={p}, dedup {d}"),
+            Kind::Naive if self.dedup => format!("(2) naive + unique index, P={p}"),
+            Kind::Naive => format!("(2') naive, no index, P={p}"),
+        }
+    }
+}
+
+/// Parameters shared by every measurement of a run.
+pub struct Params {
+    /// Concurrent connections of the load generator.
+    pub connections: usize,
+    /// Connections of the SQL baselines.
+    pub baseline_connections: usize,
+    /// Messages per baseline transaction.
+    pub baseline_batch: usize,
+    /// Warm-up before the window.
+    pub warmup: Duration,
+    /// The window.
+    pub duration: Duration,
+    /// The broker binary.
+    pub broker_bin: PathBuf,
+    /// Extra environment for the broker.
+    pub broker_env: Vec<(String, String)>,
+    /// Clock ticks per second (/proc units).
+    pub ticks_per_sec: f64,
+    /// Print the time each setup step takes.
+    pub verbose: bool,
+    /// Collect a profile (pg_stat_statements, backend states, broker commits).
+    pub profile: bool,
+    /// Concurrent consumers of the consuming scenarios.
+    pub consumers: usize,
+    /// Messages pushed before the pop+ack window.
+    pub prefill: u64,
+    /// Long-poll wake-up samples per round.
+    pub wakeups: usize,
+}
+
+/// Prints how long a setup step took (with `--verbose`).
+pub fn trace(params: &Params, what: &str, since: Instant) {
+    if params.verbose {
+        eprintln!(
+            "      {what}: {:.0} ms",
+            since.elapsed().as_secs_f64() * 1000.0
+        );
+    }
+}
