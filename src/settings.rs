@@ -505,7 +505,7 @@ impl Settings {
             commit_timeout: Duration::from_millis(src.positive("QUEEN_COMMIT_TIMEOUT_MS", 10_000)?),
             segment_cache_bytes: src.parse(
                 "QUEEN_SEGMENT_CACHE_BYTES",
-                32 * 1024 * 1024,
+                16 * 1024 * 1024,
                 "expected a number of bytes",
             )?,
             max_inflight_bytes: src.positive("QUEEN_MAX_INFLIGHT_BYTES", 256 * 1024 * 1024)?

@@ -96,7 +96,11 @@ async fn live_producers_and_consumers_leave_nothing_behind() {
         let stored = db.stored("q", partition).await;
         let pushed: Vec<i64> = stored
             .iter()
-            .map(|s| serde_json::from_str::<serde_json::Value>(&s.payload).unwrap()["n"].as_i64().unwrap())
+            .map(|s| {
+                serde_json::from_str::<serde_json::Value>(&s.payload).unwrap()["n"]
+                    .as_i64()
+                    .unwrap()
+            })
             .collect();
         assert_eq!(ns, &pushed, "partition {partition}");
     }

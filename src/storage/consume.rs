@@ -29,8 +29,9 @@ use crate::storage::frames::{self, Frame, FrameError};
 /// The consumer-group name meaning "no group" (one shared cursor).
 pub const QUEUE_MODE: &str = "__QUEUE_MODE__";
 
-/// Partitions examined per statement of the write-order scan.
-const SCAN_CHUNK: i64 = 1_000;
+/// Partitions examined per statement of the write-order scan: a pop usually claims one of
+/// the first few, and every row read costs a join with the group's state.
+const SCAN_CHUNK: i64 = 64;
 
 /// Concurrent queue-level pops start at different ones of this many oldest candidates.
 const SPREAD: usize = 16;
@@ -318,7 +319,9 @@ pub const SCAN_SQL: &str =
 
 /// The claim of one partition for a group, in one statement: lock the (partition, group) row
 /// unless another claim is locking it right now (`SKIP LOCKED`: move on rather than wait),
-/// take the lease if it is free or ran out, record the range `committed .. committed + $6`
+/// take the lease if it is free or ran out and there is something past the committed offset
+/// (the scan's view may be stale: a claim of a caught-up partition would only be released
+/// again), record the range `committed .. committed + $6`
 /// (capped at the partition's end) as leased, and return the segments covering that range —
 /// without their frames for the bases in `$7`, which the broker already holds. No row: not
 /// claimed. One row per covering segment (one row with NULL segment columns when none).
@@ -329,7 +332,8 @@ WITH target AS (
      WHERE c.partition_id = $1
        AND c.consumer_group = $2
        AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
-       FOR UPDATE SKIP LOCKED
+       AND c.committed_offset < (SELECT next_offset FROM queen.partitions WHERE id = $1)
+       FOR UPDATE OF c SKIP LOCKED
 ), claim AS (
     UPDATE queen.partition_consumers c
        SET lease_id = $3,
@@ -520,8 +524,10 @@ impl Collect<'_, '_> {
             }
         }
         let watermark = first_unpassed.or(last_seen.map(|(xid, id)| (xid, id + 1)));
-        let due = self.req.cache.watermark_due(self.queue.id, self.req.group);
-        if let Some(w) = watermark.filter(|w| *w > self.sub.scan && due) {
+        let moved = watermark.filter(|w| *w > self.sub.scan);
+        if let Some(w) =
+            moved.filter(|_| self.req.cache.watermark_due(self.queue.id, self.req.group))
+        {
             // Every pop of the group would move this one row: a pop that finds it being
             // moved leaves it to that one (the watermark only saves scanning), and each broker
             // moves it at most every few milliseconds.
