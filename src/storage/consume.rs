@@ -453,7 +453,10 @@ impl Collect<'_, '_> {
         .bind(ATTENTION_ROWS)
         .fetch_all(&mut *conn)
         .await?;
-        for row in &rows {
+        // Concurrent pops of this broker start at different rows here too (see the scan).
+        let slot = self.req.cache.pop_slot(self.queue.id, self.req.group);
+        let start = slot.index() % rows.len().max(1);
+        for row in rows[start..].iter().chain(&rows[..start]) {
             if self.done() {
                 return Ok(());
             }
@@ -466,7 +469,6 @@ impl Collect<'_, '_> {
             }
         }
 
-        let slot = self.req.cache.pop_slot(self.queue.id, self.req.group);
         let mut cursor = self.sub.scan;
         let mut first_unpassed: Option<(i64, i64)> = None;
         let mut last_seen: Option<(i64, i64)> = None;
