@@ -71,7 +71,7 @@ async fn live_producers_and_consumers_leave_nothing_behind() {
     });
     futures_util::join!(join_all(producing), join_all(consuming));
 
-    let seen = seen.lock().unwrap();
+    let seen = seen.lock().unwrap().clone();
     let mut all: Vec<i64> = seen.values().flatten().copied().collect();
     all.sort_unstable();
     let count = all.len();
