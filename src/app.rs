@@ -20,6 +20,7 @@ use crate::http::{Gate, Gatekeeper};
 use crate::pg::{ClusterError, PrivateCluster};
 use crate::settings::Settings;
 use crate::state::{read_flags, AppState, Flags, Inflight};
+use crate::storage::cache::SegmentCache;
 use crate::storage::{self, commit::PgStore};
 use crate::wake::{self, WakeHub};
 
@@ -185,6 +186,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
 
     let committer_arbiter = Arbiter::new();
     let partition_arbiter = Arbiter::new();
+    let cache = Arc::new(SegmentCache::new(settings.segment_cache_bytes));
     let mut committers = Vec::with_capacity(settings.committers);
     for id in 0..settings.committers {
         let load = Arc::new(AtomicUsize::new(0));
@@ -192,7 +194,8 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
             options.clone(),
             settings.connect_timeout,
             settings.commit_timeout,
-        );
+        )
+        .with_cache(cache.clone());
         let counter = load.clone();
         let addr = Committer::start_in_arbiter(&committer_arbiter.handle(), move |_| {
             Committer::new(id, store, counter, CommitterLimits::default())
@@ -276,6 +279,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         flags,
         wake: hub,
         broker_id: format!("broker-{}", uuid::Uuid::new_v4().simple()),
+        cache,
     });
     let data = state.clone();
     let addr = format!("{}:{}", settings.host, settings.port);

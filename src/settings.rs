@@ -31,6 +31,8 @@ pub enum Kind {
     Seconds,
     /// A number of seconds, 0 or more.
     SecondsOrZero,
+    /// A number of bytes, 0 or more.
+    Bytes,
     /// `true` or `false`, any case.
     Bool,
     /// One of these words, any case.
@@ -49,6 +51,7 @@ impl Kind {
             Kind::Port => "expected a port number (0-65535)".into(),
             Kind::Count | Kind::Millis | Kind::Seconds => "expected a positive integer".into(),
             Kind::SecondsOrZero => "expected a number of seconds (0 or more)".into(),
+            Kind::Bytes => "expected a number of bytes (0 or more)".into(),
             Kind::Bool => "expected true or false".into(),
             Kind::Choice(words) => format!("expected {}", or_list(words, "")),
             Kind::Url(prefixes) => format!("expected a {} URL", or_list(prefixes, "")),
@@ -60,6 +63,7 @@ impl Kind {
         match self {
             Kind::Millis => " ms",
             Kind::Seconds | Kind::SecondsOrZero => " s",
+            Kind::Bytes => " bytes",
             _ => "",
         }
     }
@@ -181,6 +185,7 @@ variables! {
     QUEEN_COMMITTERS, "queen_committers", Value("2"), Count, "committer actors, each with its own connection";
     QUEEN_COMMITTER_SPILL_ITEMS, "queen_committer_spill_items", Value("256"), Count, "items one committer holds before the next starts a parallel transaction";
     QUEEN_COMMIT_TIMEOUT_MS, "queen_commit_timeout_ms", Value("10000"), Millis, "a commit taking longer counts as PostgreSQL unreachable (its items are spooled)";
+    QUEEN_SEGMENT_CACHE_BYTES, "queen_segment_cache_bytes", Value("16777216"), Bytes, "committed segments kept in memory for pops and acks (0 turns the cache off)";
     QUEEN_PARTITION_MAX_PENDING, "queen_partition_max_pending", Value("100000"), Count, "items waiting in one partition before 503";
     QUEEN_PARTITION_IDLE_MS, "queen_partition_idle_ms", Value("30000"), Millis, "an idle partition actor stops after this";
     FILE_BUFFER_DIR, "file_buffer_dir", Value("/var/lib/queen/buffers"), Path, "spool directory";
@@ -337,6 +342,8 @@ pub struct Settings {
     pub committer_spill_items: usize,
     /// Longest a commit may take before its items are spooled.
     pub commit_timeout: Duration,
+    /// Bytes of committed segments kept in memory for pops and acks (0: none).
+    pub segment_cache_bytes: usize,
     /// Request bytes in the write path before 503.
     pub max_inflight_bytes: usize,
     /// Items waiting per partition before 503.
@@ -576,6 +583,12 @@ impl Source {
     }
 
     /// A `Millis`, `Seconds` or `SecondsOrZero` variable in its unit.
+    fn bytes(&self, v: &Variable) -> Result<u64, SettingsError> {
+        debug_assert_eq!(v.kind, Kind::Bytes);
+        let raw = self.required(v)?;
+        self.number(v, raw)
+    }
+
     fn duration(&self, v: &Variable) -> Result<Duration, SettingsError> {
         let raw = self.required(v)?;
         let n: u64 = self.number(v, raw)?;
@@ -707,6 +720,7 @@ impl Settings {
             committers: src.count(&QUEEN_COMMITTERS)? as usize,
             committer_spill_items: src.count(&QUEEN_COMMITTER_SPILL_ITEMS)? as usize,
             commit_timeout: src.duration(&QUEEN_COMMIT_TIMEOUT_MS)?,
+            segment_cache_bytes: src.bytes(&QUEEN_SEGMENT_CACHE_BYTES)? as usize,
             max_inflight_bytes: src.count(&QUEEN_MAX_INFLIGHT_BYTES)? as usize,
             partition_max_pending: src.count(&QUEEN_PARTITION_MAX_PENDING)? as usize,
             partition_idle: src.duration(&QUEEN_PARTITION_IDLE_MS)?,

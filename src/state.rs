@@ -14,6 +14,7 @@ use broker_actors::spool::SpoolHandle;
 use sqlx::PgPool;
 
 use crate::settings::Settings;
+use crate::storage::cache::SegmentCache;
 use crate::storage::{system, StorageError};
 use crate::wake::WakeHub;
 
@@ -74,6 +75,8 @@ pub struct AppState {
     pub wake: Arc<WakeHub>,
     /// This broker's id, recorded as the owner of the leases it hands out.
     pub broker_id: String,
+    /// Committed segments and handed-out lease ranges this broker knows (consume path).
+    pub cache: Arc<SegmentCache>,
 }
 
 /// Bytes currently admitted (for metrics and tests).

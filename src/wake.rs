@@ -26,8 +26,10 @@ const MAX_PAYLOAD: usize = 7_900;
 /// What a waiting pop waits for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum WakeKey {
-    /// Any partition of a queue (queue-level pop).
+    /// Any partition of a queue, queue mode (queue-level pop without a consumer group).
     Queue(String),
+    /// Any partition of a queue, for one named consumer group.
+    Group(String, String),
     /// One partition (partition pop).
     Partition(String, String),
     /// Any queue (namespace/task pop).
@@ -102,20 +104,37 @@ impl WakeHub {
             .map_or(0, |n| Arc::strong_count(n) - 1)
     }
 
-    /// Wakes pops waiting on this partition, its queue, or any queue.
+    /// Wakes pops waiting on this partition or any queue, and **one** queue-level pop of each
+    /// consumer group of the queue: a written partition can be leased by one consumer of a
+    /// group only, so waking them all would send the others to PostgreSQL for nothing. A pop
+    /// that finds messages passes the wake on ([`WakeHub::pass_on`]), so a write larger than
+    /// one batch still reaches further waiters.
     pub fn wake(&self, queue: &str, partition: &str) {
         let waiters = self.waiters.lock().expect("wake hub lock poisoned");
         if waiters.is_empty() {
             return;
         }
-        let keys = [
-            WakeKey::Partition(queue.to_string(), partition.to_string()),
-            WakeKey::Queue(queue.to_string()),
-            WakeKey::Any,
-        ];
-        for key in &keys {
-            if let Some(n) = waiters.get(key) {
-                n.notify_waiters();
+        for (key, n) in waiters.iter() {
+            match key {
+                WakeKey::Queue(q) | WakeKey::Group(q, _) if q == queue => n.notify_one(),
+                WakeKey::Partition(q, p) if q == queue && p == partition => n.notify_waiters(),
+                WakeKey::Any => n.notify_waiters(),
+                _ => {}
+            }
+        }
+    }
+
+    /// Wakes one more queue-level pop waiting on `key`, if another one is registered: the
+    /// caller found messages, so there may be more for the next waiter.
+    pub fn pass_on(&self, key: &WakeKey) {
+        if !matches!(key, WakeKey::Queue(_) | WakeKey::Group(..)) {
+            return;
+        }
+        let waiters = self.waiters.lock().expect("wake hub lock poisoned");
+        if let Some(n) = waiters.get(key) {
+            // The map's reference and the caller's own: anyone beyond is another waiter.
+            if Arc::strong_count(n) > 2 {
+                n.notify_one();
             }
         }
     }
@@ -125,7 +144,7 @@ impl WakeHub {
         let waiters = self.waiters.lock().expect("wake hub lock poisoned");
         for (key, n) in waiters.iter() {
             let hit = match key {
-                WakeKey::Queue(q) | WakeKey::Partition(q, _) => q == queue,
+                WakeKey::Queue(q) | WakeKey::Group(q, _) | WakeKey::Partition(q, _) => q == queue,
                 WakeKey::Any => true,
             };
             if hit {

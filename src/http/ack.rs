@@ -13,8 +13,12 @@ use crate::storage::acks::{self, Ack, AckMode};
 
 async fn apply(state: &AppState, list: Vec<Ack>) -> Result<HttpResponse, ApiError> {
     let outcomes = with_db(state, async {
-        let mut tx = state.pool.begin().await?;
-        let outcomes = acks::apply(&mut tx, &list, AckMode::Consume).await?;
+        let mut conn = state.pool.acquire().await?;
+        if let Some(done) = acks::apply_completed_fast(&mut conn, &state.cache, &list).await? {
+            return Ok(done);
+        }
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        let outcomes = acks::apply(&mut tx, &state.cache, &list, AckMode::Consume).await?;
         tx.commit().await?;
         Ok(outcomes)
     })

@@ -12,9 +12,6 @@ use std::time::{Duration, Instant};
 use actix_web::http::header;
 use actix_web::{web, HttpResponse};
 use chrono::{DateTime, Utc};
-use serde::Serialize;
-use serde_json::value::RawValue;
-use uuid::Uuid;
 
 use crate::http::error::{with_db, ApiError};
 use crate::protocol::time::micros_iso;
@@ -138,11 +135,12 @@ async fn serve(
     }
     let deadline = Instant::now() + params.timeout;
     let key = match &source {
-        Source::Queue(q) => WakeKey::Queue(q.clone()),
+        Source::Queue(q) if params.group == QUEUE_MODE => WakeKey::Queue(q.clone()),
+        Source::Queue(q) => WakeKey::Group(q.clone(), params.group.clone()),
         Source::Partition(q, p) => WakeKey::Partition(q.clone(), p.clone()),
         Source::Matching(..) => WakeKey::Any,
     };
-    let waiter = state.wake.subscribe(key);
+    let waiter = state.wake.subscribe(key.clone());
     loop {
         // Enabled before PostgreSQL is read, so a push committing in between still wakes us.
         let notified = waiter.notify().notified();
@@ -165,6 +163,7 @@ async fn serve(
                 auto_ack: params.auto_ack,
                 start: params.start.clone(),
                 owner: &state.broker_id,
+                cache: &state.cache,
             };
             match &source {
                 Source::Matching(ns, task) => {
@@ -175,6 +174,9 @@ async fn serve(
         })
         .await?;
         if let Some(popped) = popped {
+            if params.wait {
+                state.wake.pass_on(&key);
+            }
             return respond(&popped, &params.group);
         }
         let now = Instant::now();
@@ -187,90 +189,99 @@ async fn serve(
     }
 }
 
-/// One popped message on the wire (§4.3).
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Message<'a> {
-    id: Uuid,
-    transaction_id: &'a str,
-    partition_id: Uuid,
-    partition: &'a str,
-    queue: &'a str,
-    lease_id: &'a str,
-    consumer_group: &'a str,
-    created_at: String,
-    data: &'a RawValue,
-    producer_sub: Option<&'a str>,
-    trace_id: Option<&'a str>,
-    retry_count: i32,
+/// `write!` into a `Vec<u8>`, which cannot fail.
+macro_rules! write {
+    ($out:expr, $($arg:tt)*) => {
+        std::io::Write::write_fmt(&mut $out, format_args!($($arg)*))
+            .expect("writing to a Vec cannot fail")
+    };
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Body<'a> {
-    success: bool,
-    queue: &'a str,
-    partition: &'a str,
-    partition_id: Uuid,
-    lease_id: &'a str,
-    consumer_group: &'a str,
-    messages: Vec<Message<'a>>,
-    partitions_claimed: usize,
-}
-
+/// Writes the pop answer (§4.3) straight from the stored frames: every payload was validated
+/// JSON when it was pushed and is stored verbatim, so it is copied into the body as it is,
+/// never parsed again. The other fields are JSON-escaped strings, UUIDs and integers.
 fn respond(popped: &Popped, group: &str) -> Result<HttpResponse, ApiError> {
     let lease = popped.lease_id.map(|l| l.to_string()).unwrap_or_default();
     let first = popped
         .deliveries
         .first()
         .expect("a pop that yielded has a delivery");
-    let mut messages = Vec::new();
     let mut decoded = Vec::with_capacity(popped.deliveries.len());
+    let mut size = 256;
     for d in &popped.deliveries {
         let frames = d.frames().map_err(|source| StorageError::CorruptSegment {
             partition: d.partition_id,
             source,
         })?;
+        size += frames.iter().map(|f| f.payload.len() + 400).sum::<usize>();
         decoded.push((d, frames));
     }
+    let mut out = Vec::with_capacity(size);
+    let lease_json = json_str(&lease);
+    let group_json = json_str(group);
+    let queue_json = json_str(&popped.queue);
+    out.extend_from_slice(b"{\"success\":true,\"queue\":");
+    out.extend_from_slice(queue_json.as_bytes());
+    out.extend_from_slice(b",\"partition\":");
+    out.extend_from_slice(json_str(&first.partition).as_bytes());
+    write!(
+        out,
+        ",\"partitionId\":\"{}\",\"leaseId\":",
+        first.partition_uuid
+    );
+    out.extend_from_slice(lease_json.as_bytes());
+    out.extend_from_slice(b",\"consumerGroup\":");
+    out.extend_from_slice(group_json.as_bytes());
+    out.extend_from_slice(b",\"messages\":[");
+    let mut comma = false;
     for (d, frames) in &decoded {
+        let partition_json = json_str(&d.partition);
         for f in frames {
-            // The payload was validated JSON when pushed; it is written out as stored.
-            let data: &RawValue =
-                serde_json::from_str(f.payload).map_err(|source| StorageError::PayloadNotJson {
-                    what: format!("message {}", f.id),
-                    source,
-                })?;
-            messages.push(Message {
-                id: f.id,
-                transaction_id: f.transaction_id,
-                partition_id: d.partition_uuid,
-                partition: &d.partition,
-                queue: &popped.queue,
-                lease_id: &lease,
-                consumer_group: group,
-                created_at: micros_iso(f.created_at_micros),
-                data,
-                producer_sub: f.producer_sub,
-                trace_id: f.trace_id,
-                retry_count: d.retry_count,
-            });
+            if comma {
+                out.push(b',');
+            }
+            comma = true;
+            write!(out, "{{\"id\":\"{}\",\"transactionId\":", f.id);
+            out.extend_from_slice(json_str(f.transaction_id).as_bytes());
+            write!(
+                out,
+                ",\"partitionId\":\"{}\",\"partition\":",
+                d.partition_uuid
+            );
+            out.extend_from_slice(partition_json.as_bytes());
+            out.extend_from_slice(b",\"queue\":");
+            out.extend_from_slice(queue_json.as_bytes());
+            out.extend_from_slice(b",\"leaseId\":");
+            out.extend_from_slice(lease_json.as_bytes());
+            out.extend_from_slice(b",\"consumerGroup\":");
+            out.extend_from_slice(group_json.as_bytes());
+            write!(
+                out,
+                ",\"createdAt\":\"{}\",\"data\":",
+                micros_iso(f.created_at_micros)
+            );
+            out.extend_from_slice(f.payload.as_bytes());
+            out.extend_from_slice(b",\"producerSub\":");
+            out.extend_from_slice(opt_json_str(f.producer_sub).as_bytes());
+            out.extend_from_slice(b",\"traceId\":");
+            out.extend_from_slice(opt_json_str(f.trace_id).as_bytes());
+            write!(out, ",\"retryCount\":{}}}", d.retry_count);
         }
     }
-    let body = Body {
-        success: true,
-        queue: &popped.queue,
-        partition: &first.partition,
-        partition_id: first.partition_uuid,
-        lease_id: &lease,
-        consumer_group: group,
-        messages,
-        partitions_claimed: popped.deliveries.len(),
-    };
-    let bytes = serde_json::to_vec(&body).expect("pop body serialises");
+    write!(out, "],\"partitionsClaimed\":{}}}", popped.deliveries.len());
     Ok(HttpResponse::Ok()
         .insert_header((header::CONTENT_TYPE, "application/json"))
-        .body(bytes))
+        .body(out))
+}
+
+/// A string as a JSON string literal.
+fn json_str(s: &str) -> String {
+    serde_json::to_string(s).expect("a string serialises")
+}
+
+/// An optional string as a JSON string literal or `null`.
+fn opt_json_str(s: Option<&str>) -> String {
+    s.map_or_else(|| "null".to_string(), json_str)
 }
 
 #[cfg(test)]

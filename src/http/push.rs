@@ -53,7 +53,10 @@ pub async fn push_items(
     }
     for (key, indexes, meta, verdicts) in join_all(pending).await {
         let verdicts = verdicts?;
-        if verdicts.contains(&Verdict::Queued) {
+        // The commit's NOTIFY wakes this broker's pops too, through its own LISTEN; a second,
+        // local wake would send a second consumer after the same partition. Only while the
+        // LISTEN connection is down do pushes wake the local pops themselves.
+        if verdicts.contains(&Verdict::Queued) && !state.wake.listening() {
             state.wake.wake(&key.queue, &key.partition);
         }
         for ((index, (minted, transaction_id)), verdict) in

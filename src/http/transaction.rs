@@ -131,7 +131,7 @@ pub async fn transaction(
     drop(bytes);
     let done = with_db(&state, async {
         let mut conn = state.pool.acquire().await?;
-        transaction::apply(&mut conn, &plan).await
+        transaction::apply(&mut conn, &state.cache, &plan).await
     })
     .await?;
     for key in &done.woken {

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::storage::cache::{CachedSegment, SegmentCache};
 use crate::storage::consume::read_range;
 use crate::storage::dlq::{self, DeadLetter};
 use crate::storage::error::StorageError;
@@ -129,6 +130,7 @@ struct ConsumerRow {
 /// Any database error (the caller rolls back).
 pub async fn apply(
     conn: &mut PgConnection,
+    cache: &SegmentCache,
     acks: &[Ack],
     mode: AckMode,
 ) -> Result<Vec<AckOutcome>, StorageError> {
@@ -185,13 +187,25 @@ pub async fn apply(
     }
     for ((pid, group), members) in groups {
         let info = &partitions[&pid];
-        apply_group(conn, info, group, acks, &members, mode, &mut outcomes).await?;
+        apply_group(
+            conn,
+            cache,
+            info,
+            group,
+            acks,
+            &members,
+            mode,
+            &mut outcomes,
+        )
+        .await?;
     }
     Ok(outcomes)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn apply_group(
     conn: &mut PgConnection,
+    cache: &SegmentCache,
     info: &PartitionInfo,
     group: &str,
     acks: &[Ack],
@@ -220,23 +234,25 @@ async fn apply_group(
     // arrive in order, so the segment holding the committed offset is read first, and the
     // whole leased range only when some acked message is not in it.
     let first_unacked = row.committed_offset.clamp(from, (to - 1).max(from));
-    let (mut segments, _) = read_range(conn, info.id, first_unacked, 1, info.next_offset).await?;
+    let (mut segments, _) =
+        read_range(conn, cache, info.id, first_unacked, 1, info.next_offset).await?;
     let wanted: Vec<&str> = members
         .iter()
         .map(|&n| acks[n].transaction_id.as_str())
         .collect();
     if !holds_all(&segments, from, to, &wanted, info.id)? {
-        segments = read_range(conn, info.id, from, to - from, info.next_offset)
+        segments = read_range(conn, cache, info.id, from, to - from, info.next_offset)
             .await?
             .0;
     }
     let mut decoded = Vec::with_capacity(segments.len());
-    for (base, bytes) in &segments {
-        let frames = frames::decode(bytes).map_err(|source| StorageError::CorruptSegment {
-            partition: info.id,
-            source,
-        })?;
-        decoded.push((*base, frames));
+    for seg in &segments {
+        let frames =
+            frames::decode(&seg.frames).map_err(|source| StorageError::CorruptSegment {
+                partition: info.id,
+                source,
+            })?;
+        decoded.push((seg.base_offset, frames));
     }
     let mut by_txn: HashMap<&str, (i64, &frames::Frame<'_>)> = HashMap::new();
     for (base, frames) in &decoded {
@@ -385,24 +401,136 @@ async fn apply_group(
 /// Whether every transactionId of `wanted` is among the messages of `segments` inside
 /// `from .. to`.
 fn holds_all(
-    segments: &[(i64, Vec<u8>)],
+    segments: &[std::sync::Arc<CachedSegment>],
     from: i64,
     to: i64,
     wanted: &[&str],
     partition_id: i64,
 ) -> Result<bool, StorageError> {
     let mut present = std::collections::HashSet::new();
-    for (base, bytes) in segments {
-        let frames = frames::decode(bytes).map_err(|source| StorageError::CorruptSegment {
-            partition: partition_id,
-            source,
-        })?;
+    for seg in segments {
+        let frames =
+            frames::decode(&seg.frames).map_err(|source| StorageError::CorruptSegment {
+                partition: partition_id,
+                source,
+            })?;
         for (n, frame) in frames.iter().enumerate() {
-            let offset = base + n as i64;
+            let offset = seg.base_offset + n as i64;
             if offset >= from && offset < to {
                 present.insert(frame.transaction_id.to_string());
             }
         }
     }
     Ok(wanted.iter().all(|t| present.contains(*t)))
+}
+
+/// The common ack in one statement: every ack of the request is `completed`, names the same
+/// lease on the same partition and group, and that lease is one this broker handed out with
+/// all its messages still cached. The statement applies only if the lease is still live and
+/// its range is the remembered one, and only if it moves the committed offset; `None` (nothing
+/// written) sends the request down the general path, which decides every other case.
+///
+/// # Errors
+///
+/// Any database error, or a cached segment that does not decode.
+pub async fn apply_completed_fast(
+    conn: &mut PgConnection,
+    cache: &SegmentCache,
+    acks: &[Ack],
+) -> Result<Option<Vec<AckOutcome>>, StorageError> {
+    let Some(first) = acks.first() else {
+        return Ok(None);
+    };
+    let same = acks.iter().all(|a| {
+        a.status == AckStatus::Completed
+            && a.partition == first.partition
+            && a.group == first.group
+            && a.lease_id == first.lease_id
+    });
+    let Some(lease) = first
+        .lease_id
+        .as_deref()
+        .and_then(|l| Uuid::parse_str(l).ok())
+    else {
+        return Ok(None);
+    };
+    if !same {
+        return Ok(None);
+    }
+    let Some(range) = cache.leased(lease, first.partition) else {
+        return Ok(None);
+    };
+    let Some(segments) = cache.covering(range.partition_id, range.from, range.to) else {
+        return Ok(None);
+    };
+    let mut by_txn: HashMap<&str, i64> = HashMap::new();
+    for seg in &segments {
+        let frames =
+            frames::decode(&seg.frames).map_err(|source| StorageError::CorruptSegment {
+                partition: range.partition_id,
+                source,
+            })?;
+        for (n, frame) in frames.iter().enumerate() {
+            let offset = seg.base_offset + n as i64;
+            if offset >= range.from && offset < range.to {
+                by_txn.entry(frame.transaction_id).or_insert(offset);
+            }
+        }
+    }
+    let mut end = range.from;
+    for ack in acks {
+        match by_txn.get(ack.transaction_id.as_str()) {
+            Some(&offset) => end = end.max(offset + 1),
+            None => return Ok(None),
+        }
+    }
+    let applied: Option<(bool,)> = sqlx::query_as(
+        "UPDATE queen.partition_consumers c
+            SET committed_offset = $5,
+                lease_expires_at = CASE WHEN $5 >= $6 THEN NULL ELSE c.lease_expires_at END,
+                attention_at = CASE
+                    WHEN $5 < $6 THEN c.attention_at
+                    WHEN $5 < (SELECT next_offset FROM queen.partitions WHERE id = $1) THEN now()
+                    ELSE NULL
+                END,
+                batch_retry_count = CASE WHEN $5 >= $6 THEN 0 ELSE c.batch_retry_count END,
+                retry_lease_id = CASE WHEN $5 >= $6 THEN NULL ELSE c.retry_lease_id END,
+                last_consumed_at = now(),
+                total_consumed = c.total_consumed + ($5 - c.committed_offset)
+          WHERE c.partition_id = $1
+            AND c.consumer_group = $2
+            AND c.lease_id = $3
+            AND c.lease_expires_at > now()
+            AND c.leased_from = $4
+            AND c.leased_to = $6
+            AND c.committed_offset < $5
+      RETURNING $5 >= $6",
+    )
+    .bind(range.partition_id)
+    .bind(&first.group)
+    .bind(lease)
+    .bind(range.from)
+    .bind(end)
+    .bind(range.to)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((released,)) = applied else {
+        return Ok(None);
+    };
+    let last = acks.len() - 1;
+    Ok(Some(
+        acks.iter()
+            .enumerate()
+            .map(|(n, a)| AckOutcome {
+                index: a.index,
+                transaction_id: a.transaction_id.clone(),
+                success: true,
+                error: None,
+                queue_name: Some(range.queue.to_string()),
+                partition_name: Some(range.partition.to_string()),
+                lease_released: released && n == last,
+                dlq: false,
+            })
+            .collect(),
+    ))
 }

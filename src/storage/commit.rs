@@ -21,6 +21,9 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, Executor, PgConnection, Row};
 use uuid::Uuid;
 
+use std::sync::Arc;
+
+use crate::storage::cache::SegmentCache;
 use crate::storage::dedup::{self, Original, Probe};
 use crate::storage::error::StorageError;
 use crate::storage::{frames, partitions};
@@ -28,6 +31,7 @@ use crate::storage::{frames, partitions};
 /// A committer's store: its own connection, re-opened after a failure.
 pub struct PgStore {
     options: PgConnectOptions,
+    cache: Option<Arc<SegmentCache>>,
     conn: Option<PgConnection>,
     connect_timeout: Duration,
     commit_timeout: Duration,
@@ -44,10 +48,19 @@ impl PgStore {
     ) -> Self {
         Self {
             options,
+            cache: None,
             conn: None,
             connect_timeout,
             commit_timeout,
         }
+    }
+}
+
+impl PgStore {
+    /// Keeps a copy of every segment this store commits in `cache`, for the pops that follow.
+    pub fn with_cache(mut self, cache: Arc<SegmentCache>) -> Self {
+        self.cache = Some(cache);
+        self
     }
 }
 
@@ -63,7 +76,8 @@ impl SegmentStore for PgStore {
             self.conn = Some(conn);
         }
         let conn = self.conn.as_mut().expect("connected above");
-        match tokio::time::timeout(self.commit_timeout, commit_batch(conn, batch)).await {
+        let cache = self.cache.as_deref();
+        match tokio::time::timeout(self.commit_timeout, commit_batch(conn, batch, cache)).await {
             Ok(Ok(outcomes)) => Ok(outcomes),
             Ok(Err(e)) => {
                 // Whatever state the session is in, a fresh one is the safe next step.
@@ -95,7 +109,9 @@ struct Locked {
     window_secs: i32,
 }
 
-/// Commits `batch` in one transaction; see the module docs.
+/// Commits `batch` in one transaction; see the module docs. Once COMMIT has returned, the
+/// new segments are copied into `cache` (never before: a rolled-back segment's offsets are
+/// handed out again).
 ///
 /// # Errors
 ///
@@ -104,6 +120,7 @@ struct Locked {
 pub async fn commit_batch(
     conn: &mut PgConnection,
     batch: &[SegmentWrite],
+    cache: Option<&SegmentCache>,
 ) -> Result<Vec<SegmentOutcome>, StorageError> {
     // An id an actor cached may belong to a partition deleted since (its queue was deleted
     // through the admin route): such keys are resolved again once, which recreates them.
@@ -115,8 +132,13 @@ pub async fn commit_batch(
             Err(e) => Err(e),
         };
         match written {
-            Ok(outcomes) => {
+            Ok((outcomes, segments)) => {
                 conn.execute("COMMIT").await?;
+                if let Some(cache) = cache {
+                    for s in &segments {
+                        cache.insert(s.partition_id, s.base_offset, s.count.into(), &s.frames);
+                    }
+                }
                 return Ok(outcomes);
             }
             Err(WriteError::Deleted(missing)) if stale.is_empty() => {
@@ -222,7 +244,15 @@ pub async fn write_segments(
     ids: &[i64],
 ) -> Result<Vec<SegmentOutcome>, WriteError> {
     let locked = lock_partitions(tx, ids, false).await?;
-    write_locked(tx, batch, ids, locked).await
+    Ok(write_locked(tx, batch, ids, locked).await?.0)
+}
+
+/// A segment written by [`write_locked`].
+struct NewSegment {
+    partition_id: i64,
+    base_offset: i64,
+    count: i32,
+    frames: Vec<u8>,
 }
 
 /// Locks the partitions' rows in ascending id order (two brokers committing overlapping sets
@@ -306,7 +336,7 @@ async fn write_locked(
     batch: &[SegmentWrite],
     ids: &[i64],
     locked: HashMap<i64, Locked>,
-) -> Result<Vec<SegmentOutcome>, WriteError> {
+) -> Result<(Vec<SegmentOutcome>, Vec<NewSegment>), WriteError> {
     let hashes: Vec<Vec<i64>> = batch
         .iter()
         .zip(ids)
@@ -342,7 +372,7 @@ async fn write_locked(
     );
     let hits = execute_write(tx, &plan, &probes).await?;
     if hits.is_empty() {
-        return Ok(plan.outcomes);
+        return Ok(plan.into_written());
     }
     let mut by_key: HashMap<(i64, i64), Vec<i64>> = HashMap::new();
     for (pid, hash, offset) in hits {
@@ -355,7 +385,29 @@ async fn write_locked(
     let originals = dedup::originals(&mut *tx, &at).await?;
     let plan = plan_write(batch, ids, &hashes, &locked, &by_key, &originals);
     execute_write(tx, &plan, &[]).await?;
-    Ok(plan.outcomes)
+    Ok(plan.into_written())
+}
+
+impl WritePlan<'_> {
+    /// The verdicts and the segments the plan wrote.
+    fn into_written(self) -> (Vec<SegmentOutcome>, Vec<NewSegment>) {
+        let segments = self
+            .seg_pids
+            .into_iter()
+            .zip(self.seg_bases)
+            .zip(self.seg_counts)
+            .zip(self.seg_frames)
+            .map(
+                |(((partition_id, base_offset), count), frames)| NewSegment {
+                    partition_id,
+                    base_offset,
+                    count,
+                    frames,
+                },
+            )
+            .collect();
+        (self.outcomes, segments)
+    }
 }
 
 /// Decides each item's verdict and the offsets of the accepted ones, given the stored keys

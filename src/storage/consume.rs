@@ -21,14 +21,21 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use std::sync::Arc;
+
+use crate::storage::cache::{CachedSegment, LeasedRange, SegmentCache};
 use crate::storage::error::StorageError;
 use crate::storage::frames::{self, Frame, FrameError};
 
 /// The consumer-group name meaning "no group" (one shared cursor).
 pub const QUEUE_MODE: &str = "__QUEUE_MODE__";
 
-/// Partitions examined per statement of the write-order scan.
-const SCAN_CHUNK: i64 = 1_000;
+/// Partitions examined per statement of the write-order scan: a pop usually claims one of
+/// the first few, and every row read costs a join with the group's state.
+const SCAN_CHUNK: i64 = 64;
+
+/// Concurrent queue-level pops start at different ones of this many oldest candidates.
+const SPREAD: usize = 16;
 
 /// Attention rows examined per pop.
 const ATTENTION_ROWS: i64 = 64;
@@ -63,6 +70,8 @@ pub struct PopRequest<'a> {
     pub start: SubscriptionStart,
     /// This broker's id, recorded as the lease owner.
     pub owner: &'a str,
+    /// The broker's segment cache.
+    pub cache: &'a SegmentCache,
 }
 
 /// Messages handed out from one partition: offsets `first_offset .. first_offset + count`.
@@ -80,7 +89,7 @@ pub struct Delivery {
     pub count: usize,
     /// The group's batch retry counter on this partition.
     pub retry_count: i32,
-    segments: Vec<(i64, Vec<u8>)>,
+    segments: Vec<Arc<CachedSegment>>,
 }
 
 impl Delivery {
@@ -92,9 +101,9 @@ impl Delivery {
     pub fn frames(&self) -> Result<Vec<Frame<'_>>, FrameError> {
         let mut out = Vec::with_capacity(self.count);
         let end = self.first_offset + self.count as i64;
-        for (base, bytes) in &self.segments {
-            for (n, frame) in frames::decode(bytes)?.into_iter().enumerate() {
-                let offset = base + n as i64;
+        for seg in &self.segments {
+            for (n, frame) in frames::decode(&seg.frames)?.into_iter().enumerate() {
+                let offset = seg.base_offset + n as i64;
                 if offset >= self.first_offset && offset < end {
                     out.push(frame);
                 }
@@ -260,6 +269,22 @@ async fn pop_from(
     if pop.deliveries.is_empty() {
         return Ok(None);
     }
+    if !req.auto_ack {
+        let queue_name: Arc<str> = Arc::from(queue.name.as_str());
+        for d in &pop.deliveries {
+            req.cache.remember_lease(
+                lease_id,
+                d.partition_uuid,
+                LeasedRange {
+                    partition_id: d.partition_id,
+                    from: d.first_offset,
+                    to: d.first_offset + d.count as i64,
+                    queue: queue_name.clone(),
+                    partition: Arc::from(d.partition.as_str()),
+                },
+            );
+        }
+    }
     Ok(Some(Popped {
         queue: queue.name.clone(),
         lease_id: (!req.auto_ack).then_some(lease_id),
@@ -295,6 +320,68 @@ pub const SCAN_SQL: &str =
     AND (p.last_write_xid, p.id) >= ($3, $4)
   ORDER BY p.last_write_xid, p.id
   LIMIT $5";
+
+/// The claim of one partition for a group, in one statement: lock the (partition, group) row
+/// unless another claim is locking it right now (`SKIP LOCKED`: move on rather than wait),
+/// take the lease if it is free or ran out and there is something past the committed offset
+/// (the scan's view may be stale: a claim of a caught-up partition would only be released
+/// again), record the range `committed .. committed + $6`
+/// (capped at the partition's end) as leased, and return the segments covering that range —
+/// without their frames for the bases in `$7`, which the broker already holds. No row: not
+/// claimed. One row per covering segment (one row with NULL segment columns when none).
+const CLAIM_SQL: &str = "
+WITH target AS (
+    SELECT c.partition_id, c.consumer_group
+      FROM queen.partition_consumers c
+     WHERE c.partition_id = $1
+       AND c.consumer_group = $2
+       AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+       AND c.committed_offset < (SELECT next_offset FROM queen.partitions WHERE id = $1)
+       FOR UPDATE OF c SKIP LOCKED
+), claim AS (
+    UPDATE queen.partition_consumers c
+       SET lease_id = $3,
+           lease_owner = $4,
+           lease_acquired_at = now(),
+           lease_expires_at = now() + $5 * interval '1 second',
+           attention_at = NULL,
+           leased_from = c.committed_offset,
+           leased_to = GREATEST(c.committed_offset,
+                                LEAST(c.committed_offset + $6, p.next_offset))
+      FROM target t, queen.partitions p
+     WHERE c.partition_id = t.partition_id
+       AND c.consumer_group = t.consumer_group
+       AND p.id = $1
+ RETURNING c.committed_offset, c.batch_retry_count, p.next_offset, c.leased_to
+)
+SELECT claim.committed_offset, claim.batch_retry_count, claim.next_offset,
+       s.base_offset, s.msg_count,
+       CASE WHEN s.base_offset = ANY($7) THEN NULL ELSE s.frames END AS frames
+  FROM claim
+  LEFT JOIN LATERAL (
+        SELECT sg.base_offset, sg.msg_count, sg.frames
+          FROM queen.segments sg
+         WHERE sg.partition_id = $1
+           AND sg.base_offset < claim.leased_to
+           AND sg.base_offset >= COALESCE((SELECT max(x.base_offset)
+                                             FROM queen.segments x
+                                            WHERE x.partition_id = $1
+                                              AND x.base_offset <= claim.committed_offset),
+                                          claim.committed_offset)
+         ORDER BY sg.base_offset
+       ) s ON true
+ ORDER BY s.base_offset";
+
+/// One row of [`CLAIM_SQL`].
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
+    committed_offset: i64,
+    batch_retry_count: i32,
+    next_offset: i64,
+    base_offset: Option<i64>,
+    msg_count: Option<i32>,
+    frames: Option<Vec<u8>>,
+}
 
 struct Collect<'r, 'a> {
     req: &'r PopRequest<'a>,
@@ -370,7 +457,10 @@ impl Collect<'_, '_> {
         .bind(ATTENTION_ROWS)
         .fetch_all(&mut *conn)
         .await?;
-        for row in &rows {
+        // Concurrent pops of this broker start at different rows here too (see the scan).
+        let slot = self.req.cache.pop_slot(self.queue.id, self.req.group);
+        let start = slot.index() % rows.len().max(1);
+        for row in rows[start..].iter().chain(&rows[..start]) {
             if self.done() {
                 return Ok(());
             }
@@ -386,6 +476,7 @@ impl Collect<'_, '_> {
         let mut cursor = self.sub.scan;
         let mut first_unpassed: Option<(i64, i64)> = None;
         let mut last_seen: Option<(i64, i64)> = None;
+        let mut first_chunk = true;
         while !self.done() {
             let rows: Vec<Candidate> = sqlx::query_as(SCAN_SQL)
                 .bind(self.queue.id)
@@ -396,12 +487,24 @@ impl Collect<'_, '_> {
                 .fetch_all(&mut *conn)
                 .await?;
             let full = rows.len() as i64 == SCAN_CHUNK;
-            for row in &rows {
+            // Concurrent pops read the same oldest-first list: the k-th pop running on this
+            // broker starts at the k-th candidate, so they do not all try to claim the same
+            // partition; a pop alone takes the oldest.
+            let start = if first_chunk {
+                slot.index() % rows.len().clamp(1, SPREAD)
+            } else {
+                0
+            };
+            first_chunk = false;
+            // Per row: None = not looked at (this pop was done first), else whether the
+            // watermark may pass it.
+            let mut passed: Vec<Option<bool>> = vec![None; rows.len()];
+            for n in (start..rows.len()).chain(0..start) {
                 if self.done() {
                     break;
                 }
-                let key = (row.last_write_xid, row.id);
-                let passed = match self.classify(row) {
+                let row = &rows[n];
+                let gone_past = match self.classify(row) {
                     Class::Settled => true,
                     Class::Blocked => false,
                     Class::Candidate => !matches!(self.take(conn, row).await?, Take::Lost),
@@ -409,24 +512,40 @@ impl Collect<'_, '_> {
                 // A write at or above the snapshot's xmin may have a concurrent, still
                 // invisible sibling with a smaller id: never move the watermark past it.
                 let settled_for_good = row.xmin.is_some_and(|xmin| row.last_write_xid < xmin);
-                if (!passed || !settled_for_good) && first_unpassed.is_none() {
+                passed[n] = Some(gone_past && settled_for_good);
+            }
+            for (row, passed) in rows.iter().zip(&passed) {
+                let key = (row.last_write_xid, row.id);
+                if *passed != Some(true) && first_unpassed.is_none() {
                     first_unpassed = Some(key);
                 }
-                last_seen = Some(key);
+                if passed.is_some() {
+                    last_seen = Some(key);
+                }
             }
+            let all_seen = passed.iter().all(Option::is_some);
             match last_seen {
-                Some((xid, id)) if full => cursor = (xid, id + 1),
+                Some((xid, id)) if full && all_seen => cursor = (xid, id + 1),
                 _ => break,
             }
         }
         let watermark = first_unpassed.or(last_seen.map(|(xid, id)| (xid, id + 1)));
-        if let Some(w) = watermark.filter(|w| *w > self.sub.scan) {
+        let moved = watermark.filter(|w| *w > self.sub.scan);
+        if let Some(w) =
+            moved.filter(|_| self.req.cache.watermark_due(self.queue.id, self.req.group))
+        {
+            // Every pop of the group would move this one row: a pop that finds it being
+            // moved leaves it to that one (the watermark only saves scanning), and each broker
+            // moves it at most every few milliseconds.
             sqlx::query(
                 "UPDATE queen.consumer_subscriptions
                     SET scan_xid = $3, scan_pid = $4
-                  WHERE queue_id = $1
-                    AND consumer_group = $2
-                    AND (scan_xid, scan_pid) < ($3, $4)",
+                  WHERE (consumer_group, queue_id) IN (SELECT s.consumer_group, s.queue_id
+                                                         FROM queen.consumer_subscriptions s
+                                                        WHERE s.queue_id = $1
+                                                          AND s.consumer_group = $2
+                                                          AND (s.scan_xid, s.scan_pid) < ($3, $4)
+                                                          FOR UPDATE SKIP LOCKED)",
             )
             .bind(self.queue.id)
             .bind(self.req.group)
@@ -451,35 +570,63 @@ impl Collect<'_, '_> {
         } else {
             60
         };
-        let claimed: Option<(i64, i32, i64)> = sqlx::query_as(
-            "UPDATE queen.partition_consumers
-                SET lease_id = $3,
-                    lease_owner = $4,
-                    lease_acquired_at = now(),
-                    lease_expires_at = now() + $5 * interval '1 second',
-                    attention_at = NULL
-              WHERE partition_id = $1
-                AND consumer_group = $2
-                AND (lease_expires_at IS NULL OR lease_expires_at <= now())
-          RETURNING committed_offset, batch_retry_count,
-                    (SELECT next_offset FROM queen.partitions WHERE id = $1)",
-        )
-        .bind(row.id)
-        .bind(group)
-        .bind(self.lease_id)
-        .bind(self.req.owner)
-        .bind(lease_secs)
-        .fetch_optional(&mut *conn)
-        .await?;
-        let claimed = match claimed {
-            Some(c) => Some(c),
+        // Segments this broker holds: the claim statement does not send their frames again.
+        let held = self
+            .req
+            .cache
+            .from_offset(row.id, row.committed.unwrap_or(0));
+        let held_bases: Vec<i64> = held.iter().map(|s| s.base_offset).collect();
+        // One statement: claim the lease (skipping a row another claim is locking), record the
+        // leased range as if every message in it were deliverable, and read the segments that
+        // cover it. A range that turns out shorter (delay, retention) is corrected below.
+        let rows: Vec<ClaimRow> = sqlx::query_as(CLAIM_SQL)
+            .bind(row.id)
+            .bind(group)
+            .bind(self.lease_id)
+            .bind(self.req.owner)
+            .bind(lease_secs)
+            .bind(self.remaining as i64)
+            .bind(&held_bases)
+            .fetch_all(&mut *conn)
+            .await?;
+        let (committed, retry_count, next_offset, mut segments) = match rows.first() {
+            Some(first) => {
+                let mut segments = Vec::with_capacity(rows.len());
+                for r in &rows {
+                    let Some(base) = r.base_offset else { continue };
+                    let seg = match &r.frames {
+                        Some(bytes) => self.req.cache.insert_read(
+                            row.id,
+                            base,
+                            r.msg_count.unwrap_or(0).into(),
+                            bytes,
+                        ),
+                        None => match held.iter().find(|s| s.base_offset == base) {
+                            Some(s) => s.clone(),
+                            None => {
+                                return Err(StorageError::Inconsistent(format!(
+                                    "partition {}: segment {base} was neither sent nor cached",
+                                    row.id
+                                )))
+                            }
+                        },
+                    };
+                    segments.push(seg);
+                }
+                (
+                    first.committed_offset,
+                    first.batch_retry_count,
+                    first.next_offset,
+                    segments,
+                )
+            }
             // The group already had a row here when the scan read it: the lease is held by
-            // someone else, and a first-contact insert would only conflict.
-            None if row.committed.is_some() => None,
+            // someone else (or being claimed right now).
+            None if row.committed.is_some() => return Ok(Take::Lost),
             // First contact of the group with this partition (or the lease is held: then the
             // insert conflicts and returns nothing).
             None => {
-                sqlx::query_as(&format!(
+                let inserted: Option<(i64, i32, i64)> = sqlx::query_as(&format!(
                     "INSERT INTO queen.partition_consumers
                             (partition_id, consumer_group, queue_id, committed_offset, lease_id,
                              lease_owner, lease_acquired_at, lease_expires_at, attention_at)
@@ -502,32 +649,39 @@ impl Collect<'_, '_> {
                 .bind(lease_secs)
                 .bind(self.sub.from)
                 .fetch_optional(&mut *conn)
-                .await?
+                .await?;
+                let Some((committed, retry_count, next_offset)) = inserted else {
+                    return Ok(Take::Lost);
+                };
+                (committed, retry_count, next_offset, Vec::new())
             }
-        };
-        let Some((committed, retry_count, next_offset)) = claimed else {
-            return Ok(Take::Lost);
         };
 
         let want = (self.remaining as i64).min(next_offset - committed).max(0);
-        let (segments, first) = if want > 0 {
-            read_range(conn, row.id, committed, want, next_offset).await?
-        } else {
-            (Vec::new(), committed)
-        };
+        // What the claim recorded as leased (the insert records no range).
+        let recorded = (!rows.is_empty()).then_some((committed, committed + want));
+        let mut first = segments
+            .first()
+            .map_or(committed, |s| committed.max(s.base_offset));
+        if want > 0 && segments.is_empty() {
+            // First contact, or retention removed the whole range: read what is there.
+            (segments, first) =
+                read_range(conn, self.req.cache, row.id, committed, want, next_offset).await?;
+        }
         // Count what is deliverable: consecutive offsets from `first`, stopping at the first
         // message still inside its delay.
         let mut count = 0usize;
         let mut visible_at: Option<DateTime<Utc>> = None;
         let delay_micros = i64::from(self.queue.delay_secs) * 1_000_000;
         let now_micros = row.db_now.timestamp_micros();
-        'segments: for (base, bytes) in &segments {
-            let decoded = frames::decode(bytes).map_err(|source| StorageError::CorruptSegment {
-                partition: row.id,
-                source,
-            })?;
+        'segments: for seg in &segments {
+            let decoded =
+                frames::decode(&seg.frames).map_err(|source| StorageError::CorruptSegment {
+                    partition: row.id,
+                    source,
+                })?;
             for (n, frame) in decoded.iter().enumerate() {
-                let offset = base + n as i64;
+                let offset = seg.base_offset + n as i64;
                 if offset < first {
                     continue;
                 }
@@ -567,6 +721,32 @@ impl Collect<'_, '_> {
         }
 
         let end = first + count as i64;
+        if self.req.auto_ack || recorded != Some((first, end)) {
+            self.settle_range(conn, row.id, first, end).await?;
+        }
+
+        self.remaining -= count;
+        self.deliveries.push(Delivery {
+            partition_id: row.id,
+            partition_uuid: row.uuid,
+            partition: row.name.clone(),
+            first_offset: first,
+            count,
+            retry_count,
+            segments,
+        });
+        Ok(Take::Taken)
+    }
+
+    /// Records the range actually handed out (or, with autoAck, commits it), when it is not
+    /// what the claim recorded.
+    async fn settle_range(
+        &self,
+        conn: &mut PgConnection,
+        partition_id: i64,
+        first: i64,
+        end: i64,
+    ) -> Result<(), StorageError> {
         if self.req.auto_ack {
             sqlx::query(
                 "UPDATE queen.partition_consumers
@@ -593,25 +773,14 @@ impl Collect<'_, '_> {
                   WHERE partition_id = $1 AND consumer_group = $2 AND lease_id = $3",
             )
         }
-        .bind(row.id)
-        .bind(group)
+        .bind(partition_id)
+        .bind(self.req.group)
         .bind(self.lease_id)
         .bind(first)
         .bind(end)
         .execute(&mut *conn)
         .await?;
-
-        self.remaining -= count;
-        self.deliveries.push(Delivery {
-            partition_id: row.id,
-            partition_uuid: row.uuid,
-            partition: row.name.clone(),
-            first_offset: first,
-            count,
-            retry_count,
-            segments,
-        });
-        Ok(Take::Taken)
+        Ok(())
     }
 }
 
@@ -640,23 +809,28 @@ async fn clear_attention(
 
 /// The segments holding offsets `from .. from + want` of a partition (offsets are dense, so
 /// the covering segments are exactly those starting below the end, from the one holding
-/// `from`). When retention removed `from`, reading resumes at the oldest segment left. Returns
-/// the segments and the first offset actually present.
+/// `from`), taken from `cache` where it holds them. When retention removed `from`, reading
+/// resumes at the oldest segment left. Returns the segments and the first offset actually
+/// present.
 ///
 /// # Errors
 ///
 /// Any database error.
 pub async fn read_range(
     conn: &mut PgConnection,
+    cache: &SegmentCache,
     partition_id: i64,
     from: i64,
     want: i64,
     next_offset: i64,
-) -> Result<(Vec<(i64, Vec<u8>)>, i64), StorageError> {
+) -> Result<(Vec<Arc<CachedSegment>>, i64), StorageError> {
     let mut from = from;
     for _ in 0..2 {
-        let segments: Vec<(i64, Vec<u8>)> = sqlx::query_as(
-            "SELECT base_offset, frames
+        let held = cache.from_offset(partition_id, from);
+        let held_bases: Vec<i64> = held.iter().map(|s| s.base_offset).collect();
+        let rows: Vec<(i64, i32, Option<Vec<u8>>)> = sqlx::query_as(
+            "SELECT base_offset, msg_count,
+                    CASE WHEN base_offset = ANY($4) THEN NULL ELSE frames END
                FROM queen.segments
               WHERE partition_id = $1
                 AND base_offset < $3
@@ -669,9 +843,21 @@ pub async fn read_range(
         .bind(partition_id)
         .bind(from)
         .bind(from + want)
+        .bind(&held_bases)
         .fetch_all(&mut *conn)
         .await?;
-        if let Some(&(base, _)) = segments.first() {
+        if let Some(&(base, _, _)) = rows.first() {
+            let mut segments = Vec::with_capacity(rows.len());
+            for (b, count, bytes) in rows {
+                segments.push(match bytes {
+                    Some(bytes) => cache.insert_read(partition_id, b, count.into(), &bytes),
+                    None => held
+                        .iter()
+                        .find(|s| s.base_offset == b)
+                        .cloned()
+                        .expect("only held bases are sent without frames"),
+                });
+            }
             return Ok((segments, from.max(base)));
         }
         if from >= next_offset {

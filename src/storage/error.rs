@@ -60,6 +60,9 @@ pub enum StorageError {
     /// A partition that a write needed could not be created, or was deleted meanwhile.
     #[error("{0}")]
     PartitionGone(String),
+    /// PostgreSQL answered something the statement rules out (a bug here, never bad input).
+    #[error("{0}")]
+    Inconsistent(String),
 }
 
 impl StorageError {

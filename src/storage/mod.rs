@@ -19,6 +19,7 @@
 //! - [`error`]: whether a database error means PostgreSQL is away.
 
 pub mod acks;
+pub mod cache;
 pub mod commit;
 pub mod consume;
 pub mod dedup;

@@ -19,6 +19,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::storage::acks::{self, Ack, AckMode, AckOutcome};
+use crate::storage::cache::SegmentCache;
 use crate::storage::error::StorageError;
 use crate::storage::{commit, leases, partitions};
 
@@ -78,7 +79,11 @@ pub struct Outcome {
 /// # Errors
 ///
 /// An error for which [`StorageError::is_unreachable`] holds.
-pub async fn apply(conn: &mut PgConnection, req: &Request) -> Result<Outcome, StorageError> {
+pub async fn apply(
+    conn: &mut PgConnection,
+    cache: &SegmentCache,
+    req: &Request,
+) -> Result<Outcome, StorageError> {
     // One segment per partition, items in request order.
     let mut writes: Vec<SegmentWrite> = Vec::new();
     let mut slots: Vec<Vec<usize>> = Vec::new();
@@ -166,7 +171,7 @@ pub async fn apply(conn: &mut PgConnection, req: &Request) -> Result<Outcome, St
     }
 
     if !req.acks.is_empty() {
-        let outcomes = match acks::apply(&mut tx, &req.acks, AckMode::Transaction).await {
+        let outcomes = match acks::apply(&mut tx, cache, &req.acks, AckMode::Transaction).await {
             Ok(o) => o,
             Err(e) if !e.is_unreachable() => return Ok(fail(results, e.to_string())),
             Err(e) => return Err(e),

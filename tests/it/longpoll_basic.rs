@@ -56,7 +56,7 @@ async fn a_partition_waiter_and_a_named_group_are_woken_too() {
     };
     let pushing = async {
         registered(&app, &WakeKey::Partition("q".into(), "p".into())).await;
-        registered(&app, &WakeKey::Queue("q".into())).await;
+        registered(&app, &WakeKey::Group("q".into(), "g".into())).await;
         push_n(&app, "q", "p", 0, 1).await;
         Instant::now()
     };

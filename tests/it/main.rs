@@ -11,6 +11,8 @@ mod auth_keys;
 mod auth_matrix;
 mod auth_producer_sub;
 mod configure_contract;
+mod consume_cache;
+mod consume_live;
 mod crash_spool;
 mod groups_basic;
 mod lease_basic;

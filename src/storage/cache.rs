@@ -1,0 +1,368 @@
+//! A bounded in-memory cache of committed segments, shared by every pop and ack of a broker.
+//!
+//! A segment row never changes once committed: `(partition id, base offset)` names the same
+//! bytes forever (offsets only grow, and a deleted partition's id is never reused). So any
+//! broker may keep copies, filled when it commits a segment or reads one for a pop, and a
+//! consumer reading fresh data does not make PostgreSQL read the frames again.
+//!
+//! The cache is never asked whether a segment *exists*: the pop's claim statement reads which
+//! segments cover the leased range from PostgreSQL (an index probe) and only skips sending the
+//! frames of those the broker holds. A segment removed by retention is therefore never
+//! delivered from here, whichever broker removed it.
+//!
+//! Eviction is oldest-inserted first under a byte budget: segments are read roughly in the
+//! order they were written, and a consumed segment is rarely read again.
+//!
+//! Beside the segments it remembers the ranges this broker leased out (lease id, partition →
+//! offsets), so the common ack — every message of a live lease `completed` — is one
+//! conditional statement: the statement checks that the lease and its range are still what
+//! was remembered, and the general path runs whenever they are not.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+/// One cached segment: its frames, exactly as stored.
+#[derive(Debug)]
+pub struct CachedSegment {
+    /// Offset of its first message.
+    pub base_offset: i64,
+    /// Messages in it.
+    pub count: i64,
+    /// The `frames` column.
+    pub frames: Vec<u8>,
+}
+
+/// Per-entry bookkeeping beyond the frames (map entries, queue slot).
+const OVERHEAD: usize = 96;
+
+/// Most cached segments handed to one claim (their bases travel as a statement parameter).
+const MAX_HINTS: usize = 64;
+
+/// How often one broker moves one group's scan watermark at most.
+pub const WATERMARK_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Leases remembered at most (oldest forgotten first).
+const MAX_LEASES: usize = 16_384;
+
+/// A range this broker leased out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeasedRange {
+    /// Partition database id.
+    pub partition_id: i64,
+    /// First leased offset.
+    pub from: i64,
+    /// End of the leased range (exclusive).
+    pub to: i64,
+    /// Queue name.
+    pub queue: Arc<str>,
+    /// Partition name.
+    pub partition: Arc<str>,
+}
+
+#[derive(Debug, Default)]
+struct Leases {
+    by_key: HashMap<(uuid::Uuid, uuid::Uuid), LeasedRange>,
+    order: VecDeque<(uuid::Uuid, uuid::Uuid)>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// partition id → base offset → segment.
+    by_partition: HashMap<i64, BTreeMap<i64, Arc<CachedSegment>>>,
+    /// Insertion order, for eviction.
+    order: VecDeque<(i64, i64)>,
+    bytes: usize,
+}
+
+/// The cache; cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct SegmentCache {
+    capacity: usize,
+    /// Queue-level pops of each (queue id, group) running on this broker right now.
+    running: Arc<Mutex<HashMap<(i64, String), usize>>>,
+    /// When this broker last moved each (queue id, group)'s scan watermark.
+    watermarks: Mutex<HashMap<(i64, String), std::time::Instant>>,
+    inner: Mutex<Inner>,
+    leases: Mutex<Leases>,
+}
+
+impl SegmentCache {
+    /// A cache holding at most `capacity` bytes of frames (0 disables it).
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            running: Arc::default(),
+            watermarks: Mutex::new(HashMap::new()),
+            inner: Mutex::new(Inner::default()),
+            leases: Mutex::new(Leases::default()),
+        }
+    }
+
+    /// Keeps a copy of a committed segment.
+    pub fn insert(&self, partition_id: i64, base_offset: i64, count: i64, frames: &[u8]) {
+        if frames.len() + OVERHEAD <= self.capacity {
+            self.keep(partition_id, base_offset, count, frames.to_vec());
+        }
+    }
+
+    /// Keeps a segment just read from PostgreSQL and hands it back, shared.
+    pub fn insert_read(
+        &self,
+        partition_id: i64,
+        base_offset: i64,
+        count: i64,
+        frames: &[u8],
+    ) -> Arc<CachedSegment> {
+        self.keep(partition_id, base_offset, count, frames.to_vec())
+    }
+
+    fn keep(
+        &self,
+        partition_id: i64,
+        base_offset: i64,
+        count: i64,
+        frames: Vec<u8>,
+    ) -> Arc<CachedSegment> {
+        let cost = frames.len() + OVERHEAD;
+        let seg = Arc::new(CachedSegment {
+            base_offset,
+            count,
+            frames,
+        });
+        if cost > self.capacity {
+            return seg;
+        }
+        let mut guard = self.inner.lock().expect("segment cache lock poisoned");
+        let inner = &mut *guard;
+        let slot = inner.by_partition.entry(partition_id).or_default();
+        if let Some(existing) = slot.get(&base_offset) {
+            return existing.clone();
+        }
+        slot.insert(base_offset, seg.clone());
+        inner.order.push_back((partition_id, base_offset));
+        inner.bytes += cost;
+        while inner.bytes > self.capacity {
+            let Some((pid, base)) = inner.order.pop_front() else {
+                break;
+            };
+            if let Some(slot) = inner.by_partition.get_mut(&pid) {
+                if let Some(gone) = slot.remove(&base) {
+                    inner.bytes -= gone.frames.len() + OVERHEAD;
+                }
+                if slot.is_empty() {
+                    inner.by_partition.remove(&pid);
+                }
+            }
+        }
+        seg
+    }
+
+    /// The cached segments of a partition that may hold offsets at or after `from`, oldest
+    /// first, at most a few dozen. The caller keeps the `Arc`s, so an eviction meanwhile does
+    /// not take the bytes away.
+    pub fn from_offset(&self, partition_id: i64, from: i64) -> Vec<Arc<CachedSegment>> {
+        let inner = self.inner.lock().expect("segment cache lock poisoned");
+        let Some(slot) = inner.by_partition.get(&partition_id) else {
+            return Vec::new();
+        };
+        // The segment holding `from` starts at or below it.
+        let start = slot.range(..=from).next_back().map_or(from, |(b, _)| *b);
+        slot.range(start..)
+            .take(MAX_HINTS)
+            .map(|(_, s)| s.clone())
+            .collect()
+    }
+
+    /// One cached segment.
+    pub fn get(&self, partition_id: i64, base_offset: i64) -> Option<Arc<CachedSegment>> {
+        let inner = self.inner.lock().expect("segment cache lock poisoned");
+        inner
+            .by_partition
+            .get(&partition_id)?
+            .get(&base_offset)
+            .cloned()
+    }
+
+    /// Remembers that `lease` covers `range` of the partition with wire id `partition`.
+    pub fn remember_lease(&self, lease: uuid::Uuid, partition: uuid::Uuid, range: LeasedRange) {
+        let mut leases = self.leases.lock().expect("lease book lock poisoned");
+        if leases.by_key.insert((lease, partition), range).is_none() {
+            leases.order.push_back((lease, partition));
+        }
+        while leases.order.len() > MAX_LEASES {
+            if let Some(old) = leases.order.pop_front() {
+                leases.by_key.remove(&old);
+            }
+        }
+    }
+
+    /// The range `lease` covers on `partition`, when this broker handed it out.
+    pub fn leased(&self, lease: uuid::Uuid, partition: uuid::Uuid) -> Option<LeasedRange> {
+        let leases = self.leases.lock().expect("lease book lock poisoned");
+        leases.by_key.get(&(lease, partition)).cloned()
+    }
+
+    /// The cached segments covering exactly `from .. to` of a partition, or `None` when any
+    /// part of it is not held.
+    pub fn covering(
+        &self,
+        partition_id: i64,
+        from: i64,
+        to: i64,
+    ) -> Option<Vec<Arc<CachedSegment>>> {
+        let segments = self.from_offset(partition_id, from);
+        let mut next = from;
+        let mut out = Vec::new();
+        for seg in segments {
+            if next >= to {
+                break;
+            }
+            if seg.base_offset > next {
+                return None;
+            }
+            if seg.base_offset + seg.count > next {
+                next = seg.base_offset + seg.count;
+                out.push(seg);
+            }
+        }
+        (next >= to).then_some(out)
+    }
+
+    /// Registers a queue-level pop of `(queue_id, group)` for as long as the guard lives; the
+    /// guard's [`PopSlot::index`] is how many others were running when it started (0 for a
+    /// pop alone), so concurrent pops can start at different candidates.
+    pub fn pop_slot(&self, queue_id: i64, group: &str) -> PopSlot {
+        let key = (queue_id, group.to_string());
+        let mut running = self.running.lock().expect("pop slots lock poisoned");
+        let count = running.entry(key.clone()).or_insert(0);
+        let index = *count;
+        *count += 1;
+        PopSlot {
+            running: self.running.clone(),
+            key,
+            index,
+        }
+    }
+
+    /// Whether this broker may move the scan watermark of `(queue_id, group)` now: at most
+    /// once per [`WATERMARK_EVERY`]. Saying yes records the move.
+    pub fn watermark_due(&self, queue_id: i64, group: &str) -> bool {
+        let now = std::time::Instant::now();
+        let mut marks = self.watermarks.lock().expect("watermark lock poisoned");
+        match marks.get_mut(&(queue_id, group.to_string())) {
+            Some(at) if now.duration_since(*at) < WATERMARK_EVERY => false,
+            Some(at) => {
+                *at = now;
+                true
+            }
+            None => {
+                marks.insert((queue_id, group.to_string()), now);
+                true
+            }
+        }
+    }
+
+    /// Bytes held (frames plus bookkeeping).
+    pub fn bytes(&self) -> usize {
+        self.inner
+            .lock()
+            .expect("segment cache lock poisoned")
+            .bytes
+    }
+}
+
+/// A running queue-level pop (see [`SegmentCache::pop_slot`]).
+#[derive(Debug)]
+pub struct PopSlot {
+    running: Arc<Mutex<HashMap<(i64, String), usize>>>,
+    key: (i64, String),
+    index: usize,
+}
+
+impl PopSlot {
+    /// How many pops of the same queue and group were running when this one started.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+}
+
+impl Drop for PopSlot {
+    fn drop(&mut self) {
+        let mut running = self.running.lock().expect("pop slots lock poisoned");
+        if let Some(count) = running.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                running.remove(&self.key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oldest_inserted_leave_first_under_the_budget() {
+        let cache = SegmentCache::new(3 * (100 + OVERHEAD));
+        for base in [0, 10, 20, 30] {
+            cache.insert(7, base, 10, &[0u8; 100]);
+        }
+        assert!(cache.get(7, 0).is_none());
+        assert!(cache.get(7, 10).is_some());
+        assert!(cache.get(7, 30).is_some());
+        assert_eq!(cache.bytes(), 3 * (100 + OVERHEAD));
+    }
+
+    #[test]
+    fn from_offset_starts_at_the_segment_holding_the_offset() {
+        let cache = SegmentCache::new(1 << 20);
+        for base in [0, 10, 20] {
+            cache.insert(1, base, 10, &[base as u8]);
+        }
+        cache.insert(2, 15, 1, &[9]);
+        let bases: Vec<i64> = cache
+            .from_offset(1, 15)
+            .iter()
+            .map(|s| s.base_offset)
+            .collect();
+        assert_eq!(bases, vec![10, 20]);
+        assert!(cache.from_offset(3, 0).is_empty());
+    }
+
+    #[test]
+    fn covering_needs_every_offset_of_the_range() {
+        let cache = SegmentCache::new(1 << 20);
+        cache.insert(1, 0, 10, &[0]);
+        cache.insert(1, 10, 5, &[1]);
+        cache.insert(1, 20, 5, &[2]);
+        let bases = |r: Option<Vec<Arc<CachedSegment>>>| {
+            r.map(|v| v.iter().map(|s| s.base_offset).collect::<Vec<_>>())
+        };
+        assert_eq!(bases(cache.covering(1, 3, 15)), Some(vec![0, 10]));
+        assert_eq!(bases(cache.covering(1, 10, 15)), Some(vec![10]));
+        // Offsets 15..20 are not held.
+        assert_eq!(bases(cache.covering(1, 12, 22)), None);
+        assert_eq!(bases(cache.covering(2, 0, 1)), None);
+    }
+
+    #[test]
+    fn concurrent_pops_get_distinct_slots_and_give_them_back() {
+        let cache = SegmentCache::new(0);
+        let a = cache.pop_slot(1, "g");
+        let b = cache.pop_slot(1, "g");
+        let other = cache.pop_slot(2, "g");
+        assert_eq!((a.index(), b.index(), other.index()), (0, 1, 0));
+        drop(a);
+        drop(b);
+        assert_eq!(cache.pop_slot(1, "g").index(), 0);
+    }
+
+    #[test]
+    fn a_zero_budget_keeps_nothing() {
+        let cache = SegmentCache::new(0);
+        cache.insert(1, 0, 1, &[1, 2, 3]);
+        assert!(cache.get(1, 0).is_none());
+        assert_eq!(cache.bytes(), 0);
+    }
+}

@@ -1,0 +1,188 @@
+//! The consume path's memory (`storage::cache`): committed segments kept by the broker and the
+//! lease ranges it handed out. The cache only saves reading frames; PostgreSQL still decides
+//! what exists and who holds a lease. Proven here: a segment removed by retention is not
+//! delivered from the cache, data written by another broker is read and served correctly, a
+//! lease that ran out while its messages are cached is redelivered and its old lease refused,
+//! and the one-statement ack agrees with the general path.
+
+use crate::support::consuming::*;
+use crate::support::{fresh_db, spawn_app, spawn_app_with, test_settings, TestApp, TestDb};
+use serde_json::{json, Value};
+
+/// The partition database id of (queue `q`, partition `name`).
+async fn partition_id(db: &TestDb, name: &str) -> i64 {
+    let mut conn = db.conn().await;
+    sqlx::query_scalar("SELECT id FROM queen.partitions WHERE name = $1")
+        .bind(name)
+        .fetch_one(&mut conn)
+        .await
+        .expect("partition row")
+}
+
+#[actix_web::test]
+async fn a_segment_removed_by_retention_is_not_served_from_the_cache() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    // Two segments; the committer keeps both in the cache.
+    push_n(&app, "q", "p", 0, 3).await;
+    push_n(&app, "q", "p", 3, 3).await;
+    let pid = partition_id(&db, "p").await;
+    assert!(app.broker.state.cache.get(pid, 0).is_some());
+    assert!(app.broker.state.cache.get(pid, 3).is_some());
+
+    // Retention removes the first segment (as the sweep does: whole segments, oldest first).
+    db.exec(&format!(
+        "DELETE FROM queen.segments WHERE partition_id = {pid} AND base_offset = 0"
+    ))
+    .await;
+    let reply = pop(&app, "q", "batch=10").await;
+    assert_eq!(
+        ns(&reply),
+        vec![3, 4, 5],
+        "only what PostgreSQL still holds"
+    );
+    let acked = ack_all(&app, &reply, "completed", None).await;
+    assert!(acked
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|a| a["success"] == true));
+    assert_eq!(pop(&app, "q", "batch=10").await.status, 204);
+}
+
+#[actix_web::test]
+async fn messages_written_through_another_broker_are_read_and_acked_here() {
+    let db = fresh_db().await;
+    let writer = spawn_app(&db).await;
+    let reader = spawn_app(&db).await;
+    push_n(&writer, "q", "p", 0, 5).await;
+    let pid = partition_id(&db, "p").await;
+    assert!(reader.broker.state.cache.get(pid, 0).is_none());
+
+    let reply = pop(&reader, "q", "batch=3").await;
+    assert_eq!(ns(&reply), vec![0, 1, 2]);
+    // The reader read the segment from PostgreSQL and now holds it.
+    assert!(reader.broker.state.cache.get(pid, 0).is_some());
+    let acked = ack_all(&reader, &reply, "completed", None).await;
+    assert_eq!(acked[2]["leaseReleased"], true);
+
+    // The rest, popped on the writer (cached there at commit) and acked on the reader,
+    // which did not hand that lease out: the general path decides.
+    let rest = pop(&writer, "q", "batch=10").await;
+    assert_eq!(ns(&rest), vec![3, 4]);
+    let acked = ack_all(&reader, &rest, "completed", None).await;
+    assert!(acked
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|a| a["success"] == true));
+    assert_eq!(pop(&reader, "q", "batch=10").await.status, 204);
+    assert_eq!(pop(&writer, "q", "batch=10").await.status, 204);
+}
+
+#[actix_web::test]
+async fn a_lease_that_ran_out_while_cached_is_redelivered_and_its_acks_refused() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    push_n(&app, "q", "p", 0, 4).await;
+    let first = pop(&app, "q", "batch=4").await;
+    assert_eq!(ns(&first), vec![0, 1, 2, 3]);
+    db.exec("UPDATE queen.partition_consumers SET lease_expires_at = now() - interval '1 second'")
+        .await;
+
+    // The old lease is still remembered and its messages cached; PostgreSQL says it ended.
+    let late = ack_all(&app, &first, "completed", None).await;
+    for a in late.as_array().unwrap() {
+        assert_eq!(a["success"], false, "{a}");
+        assert_eq!(a["error"], "Invalid or expired lease");
+    }
+    let again = pop(&app, "q", "batch=4").await;
+    assert_eq!(ns(&again), vec![0, 1, 2, 3]);
+    assert_eq!(messages(&again)[0]["data"], messages(&first)[0]["data"]);
+    assert_ne!(again.body["leaseId"], first.body["leaseId"]);
+    let acked = ack_all(&app, &again, "completed", None).await;
+    assert!(acked
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|a| a["success"] == true));
+    assert_eq!(pop(&app, "q", "batch=4").await.status, 204);
+}
+
+/// The consumer rows of partition `p`, as the ack leaves them.
+async fn consumer_state(db: &TestDb) -> Value {
+    let mut conn = db.conn().await;
+    let row: (i64, Option<bool>, i32, i64, bool) = sqlx::query_as(
+        "SELECT committed_offset, lease_expires_at > now(), batch_retry_count, total_consumed,
+                attention_at IS NOT NULL
+           FROM queen.partition_consumers",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .expect("consumer row");
+    json!({"committed": row.0, "live": row.1, "retries": row.2, "total": row.3, "attention": row.4})
+}
+
+/// Pushes 6, pops 4, acks the 2nd then the 4th (batch route), pushes 2 more, and returns
+/// every ack answer and the consumer row after each step.
+async fn ack_story(app: &TestApp, db: &TestDb) -> Vec<Value> {
+    push_n(app, "q", "p", 0, 6).await;
+    let reply = pop(app, "q", "batch=4").await;
+    let ms = messages(&reply);
+    let mut seen = Vec::new();
+    seen.push(ack_one(app, &ms[1], "completed", None).await);
+    seen.push(consumer_state(db).await);
+    // Acking an already committed message again changes nothing and succeeds.
+    seen.push(ack_one(app, &ms[0], "completed", None).await);
+    seen.push(consumer_state(db).await);
+    let rest = json!([
+        {"transactionId": ms[2]["transactionId"], "partitionId": ms[2]["partitionId"], "leaseId": ms[2]["leaseId"]},
+        {"transactionId": ms[3]["transactionId"], "partitionId": ms[3]["partitionId"], "leaseId": ms[3]["leaseId"]},
+    ]);
+    let r = app
+        .post("/api/v1/ack/batch", &json!({ "acknowledgments": rest }))
+        .await;
+    seen.push(r.body.clone());
+    seen.push(consumer_state(db).await);
+    seen.push(json!(ns(&pop(app, "q", "batch=10").await)));
+    for v in &mut seen {
+        strip_ids(v);
+    }
+    seen
+}
+
+/// Drops the fields that differ between two runs (generated ids).
+fn strip_ids(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            map.remove("transactionId");
+            map.values_mut().for_each(strip_ids);
+        }
+        Value::Array(items) => items.iter_mut().for_each(strip_ids),
+        _ => {}
+    }
+}
+
+#[actix_web::test]
+async fn the_one_statement_ack_answers_as_the_general_path_does() {
+    let db_fast = fresh_db().await;
+    let fast = spawn_app(&db_fast).await;
+    let with_cache = ack_story(&fast, &db_fast).await;
+
+    // A broker without a cache takes the general path for every ack.
+    let db_slow = fresh_db().await;
+    let slow = spawn_app_with(test_settings(
+        &db_slow,
+        &[("QUEEN_SEGMENT_CACHE_BYTES", "0")],
+    ))
+    .await;
+    let without = ack_story(&slow, &db_slow).await;
+    assert_eq!(with_cache, without);
+    // And the story is the expected one: the second message commits the first two; the last
+    // ack of the batch ends the lease; the two left come next.
+    assert_eq!(with_cache[1]["committed"], 2);
+    assert_eq!(with_cache[5]["committed"], 4);
+    assert_eq!(with_cache[5]["live"], Value::Null);
+    assert_eq!(with_cache[4][1]["leaseReleased"], true);
+    assert_eq!(with_cache[6], json!([4, 5]));
+}

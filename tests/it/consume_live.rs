@@ -1,0 +1,104 @@
+//! Producers and consumers at the same time (the bench's end-to-end shape, small): every
+//! pushed message is consumed exactly once, in order per partition, and nothing is left
+//! behind unfound when the producers stop.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::support::consuming::*;
+use crate::support::{fresh_db, spawn_app};
+use futures_util::future::join_all;
+use serde_json::json;
+
+#[actix_web::test]
+async fn live_producers_and_consumers_leave_nothing_behind() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    let partitions = 20;
+    let producers = 6;
+    let pushes_each = 40;
+    let per_push = 25;
+
+    let producing = (0..producers).map(|p| {
+        let app = &app;
+        async move {
+            for k in 0..pushes_each {
+                let part = (p * 7 + k * 3) % partitions;
+                let first = ((p * pushes_each + k) * per_push) as i64;
+                let items: Vec<_> = (first..first + per_push as i64)
+                    .map(|n| {
+                        json!({"queue": "q", "partition": format!("p{part}"), "payload": {"n": n}})
+                    })
+                    .collect();
+                let r = app.push(json!(items)).await;
+                assert_eq!(r.status, 201, "{:?}", r.body);
+            }
+        }
+    });
+    let total = producers * pushes_each * per_push;
+    let seen: Arc<Mutex<HashMap<String, Vec<i64>>>> = Arc::default();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let consuming = (0..8).map(|_| {
+        let seen = seen.clone();
+        let app = &app;
+        async move {
+            loop {
+                let done = seen.lock().unwrap().values().map(Vec::len).sum::<usize>() >= total;
+                if done || Instant::now() > deadline {
+                    break;
+                }
+                let reply = pop(app, "q", "batch=30&wait=true&timeout=200").await;
+                if reply.status == 204 {
+                    continue;
+                }
+                for m in messages(&reply) {
+                    seen.lock()
+                        .unwrap()
+                        .entry(m["partition"].as_str().unwrap().to_string())
+                        .or_default()
+                        .push(m["data"]["n"].as_i64().unwrap());
+                }
+                let acked = ack_all(app, &reply, "completed", None).await;
+                for a in acked.as_array().unwrap() {
+                    assert_eq!(a["success"], true, "{a}");
+                }
+            }
+        }
+    });
+    futures_util::join!(join_all(producing), join_all(consuming));
+
+    let seen = seen.lock().unwrap().clone();
+    let mut all: Vec<i64> = seen.values().flatten().copied().collect();
+    all.sort_unstable();
+    let count = all.len();
+    all.dedup();
+    assert_eq!(all.len(), count, "a message was delivered twice");
+    if count < total {
+        let mut conn = db.conn().await;
+        let rows: Vec<(String, i64, i64, Option<bool>, bool)> = sqlx::query_as(
+            "SELECT p.name, p.next_offset, c.committed_offset, c.lease_expires_at > now(),
+                    c.attention_at IS NOT NULL
+               FROM queen.partitions p
+               JOIN queen.partition_consumers c ON c.partition_id = p.id
+              WHERE c.committed_offset < p.next_offset",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        panic!("{} of {total} consumed; left behind: {rows:?}", count);
+    }
+    // Order within each partition is the push order of that partition.
+    for (partition, ns) in seen.iter() {
+        let stored = db.stored("q", partition).await;
+        let pushed: Vec<i64> = stored
+            .iter()
+            .map(|s| {
+                serde_json::from_str::<serde_json::Value>(&s.payload).unwrap()["n"]
+                    .as_i64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(ns, &pushed, "partition {partition}");
+    }
+}
