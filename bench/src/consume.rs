@@ -450,6 +450,11 @@ pub async fn end_to_end(
             counter.load(Ordering::Relaxed)
         ));
         m.verified = false;
+        let mut conn = PgConnection::connect(url).await?;
+        for line in db::behind(&mut conn).await? {
+            m.problems.push(format!("not consumed: {line}"));
+        }
+        conn.close().await?;
     }
     m.problems.extend(broker_problems);
     m.detail = Some(Detail::Consume(ConsumeDetail {

@@ -437,3 +437,41 @@ pub async fn consumed_offsets(conn: &mut PgConnection) -> Result<(i64, i64), Box
     .fetch_one(conn)
     .await?)
 }
+
+/// Partitions of the queue-mode consumer whose committed offset is behind the partition's end,
+/// with what the queue-level pop would look at: a live lease, `attention_at`, the write
+/// marker against the scan watermark. Reported when messages were not consumed.
+pub async fn behind(conn: &mut PgConnection) -> Result<Vec<String>, BoxError> {
+    let rows: Vec<(
+        String,
+        i64,
+        i64,
+        Option<bool>,
+        Option<String>,
+        i64,
+        i64,
+        i64,
+    )> = sqlx::query_as(
+        "SELECT p.name, p.next_offset, c.committed_offset, c.lease_expires_at > now(),
+                    c.attention_at::text, p.last_write_xid, s.scan_xid, s.scan_pid
+               FROM queen.partitions p
+               JOIN queen.partition_consumers c
+                 ON c.partition_id = p.id AND c.consumer_group = '__QUEUE_MODE__'
+               JOIN queen.consumer_subscriptions s
+                 ON s.queue_id = p.queue_id AND s.consumer_group = c.consumer_group
+              WHERE c.committed_offset < p.next_offset
+              ORDER BY p.name
+              LIMIT 20",
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(name, next, committed, live, attention, xid, sx, sp)| {
+            format!(
+                "{name}: offsets {committed}..{next}, lease live {live:?}, attention {attention:?}, \
+                 written by xid {xid}, watermark ({sx}, {sp})"
+            )
+        })
+        .collect())
+}

@@ -148,7 +148,14 @@ async fn serve(
         notified.as_mut().enable();
 
         let popped = with_db(state, async {
-            let mut conn = state.pool.acquire().await?;
+            // A lease needs no WAL flush of its own; a pop that commits the cursor (autoAck)
+            // does.
+            let pool = if params.auto_ack {
+                &state.pool
+            } else {
+                &state.lease_pool
+            };
+            let mut conn = pool.acquire().await?;
             let (queue, partition) = match &source {
                 Source::Queue(q) => (q.as_str(), None),
                 Source::Partition(q, p) => (q.as_str(), Some(p.as_str())),

@@ -927,7 +927,12 @@ async fn open(
             (false, SubscriptionStart::From(t)) => ("timestamp", Some(*t)),
         };
         // A new group starts its scan at the current xmin: everything written before it
-        // subscribed is history it does not want.
+        // subscribed is history it does not want. Durable even on the lease pool's
+        // asynchronous-commit sessions: where a group starts must not move after a crash.
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        sqlx::query("SET LOCAL synchronous_commit = on")
+            .execute(&mut *tx)
+            .await?;
         sqlx::query(
             "INSERT INTO queen.consumer_subscriptions
                     (consumer_group, queue_id, subscription_mode, subscription_from, scan_xid)
@@ -942,8 +947,9 @@ async fn open(
         .bind(queue_id)
         .bind(mode)
         .bind(from)
-        .execute(&mut *conn)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         row = sqlx::query_as(select)
             .bind(queue)
             .bind(group)

@@ -78,6 +78,15 @@ pub fn connect_options(url: &str, settings: &Settings) -> Result<PgConnectOption
     ]))
 }
 
+/// The pool of leasing pops: their statements (claims, releases, the scan watermark) commit
+/// without waiting for the WAL flush (`synchronous_commit = off`). A claim lost in a crash only
+/// means the lease was never taken: its messages are handed out again, as after a lease
+/// expiry. Anything that must survive a crash — acks, autoAck pops, pushes — never runs here;
+/// and a later durable commit (the ack) flushes the claim's WAL with its own.
+pub fn lease_pool(options: PgConnectOptions, settings: &Settings) -> PgPool {
+    pool(options.options([("synchronous_commit", "off")]), settings)
+}
+
 /// The shared pool (health, admin and background work); committers have their own connections.
 pub fn pool(options: PgConnectOptions, settings: &Settings) -> PgPool {
     PgPoolOptions::new()
