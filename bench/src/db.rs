@@ -438,20 +438,23 @@ pub async fn consumed_offsets(conn: &mut PgConnection) -> Result<(i64, i64), Box
     .await?)
 }
 
+/// name, next offset, committed offset, lease live, attention at, last write xid, watermark.
+type BehindRow = (
+    String,
+    i64,
+    i64,
+    Option<bool>,
+    Option<String>,
+    i64,
+    i64,
+    i64,
+);
+
 /// Partitions of the queue-mode consumer whose committed offset is behind the partition's end,
 /// with what the queue-level pop would look at: a live lease, `attention_at`, the write
 /// marker against the scan watermark. Reported when messages were not consumed.
 pub async fn behind(conn: &mut PgConnection) -> Result<Vec<String>, BoxError> {
-    let rows: Vec<(
-        String,
-        i64,
-        i64,
-        Option<bool>,
-        Option<String>,
-        i64,
-        i64,
-        i64,
-    )> = sqlx::query_as(
+    let rows: Vec<BehindRow> = sqlx::query_as(
         "SELECT p.name, p.next_offset, c.committed_offset, c.lease_expires_at > now(),
                     c.attention_at::text, p.last_write_xid, s.scan_xid, s.scan_pid
                FROM queen.partitions p
