@@ -185,7 +185,7 @@ variables! {
     QUEEN_COMMITTERS, "queen_committers", Value("2"), Count, "committer actors, each with its own connection";
     QUEEN_COMMITTER_SPILL_ITEMS, "queen_committer_spill_items", Value("256"), Count, "items one committer holds before the next starts a parallel transaction";
     QUEEN_COMMIT_TIMEOUT_MS, "queen_commit_timeout_ms", Value("10000"), Millis, "a commit taking longer counts as PostgreSQL unreachable (its items are spooled)";
-    QUEEN_SEGMENT_CACHE_BYTES, "queen_segment_cache_bytes", Value("16777216"), Bytes, "committed segments kept in memory for pops and acks (0 turns the cache off)";
+    QUEEN_SEGMENT_CACHE_BYTES, "queen_segment_cache_bytes", Value("8388608"), Bytes, "committed segments kept in memory for pops and acks (0 turns the cache off)";
     QUEEN_PARTITION_MAX_PENDING, "queen_partition_max_pending", Value("100000"), Count, "items waiting in one partition before 503";
     QUEEN_PARTITION_IDLE_MS, "queen_partition_idle_ms", Value("30000"), Millis, "an idle partition actor stops after this";
     FILE_BUFFER_DIR, "file_buffer_dir", Value("/var/lib/queen/buffers"), Path, "spool directory";
