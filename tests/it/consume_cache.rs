@@ -186,3 +186,44 @@ async fn the_one_statement_ack_answers_as_the_general_path_does() {
     assert_eq!(with_cache[4][1]["leaseReleased"], true);
     assert_eq!(with_cache[6], json!([4, 5]));
 }
+
+#[actix_web::test]
+async fn the_pop_answer_is_valid_json_with_every_field_escaped_and_the_payload_verbatim() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    // Quotes, backslashes, control characters and non-ASCII in every string the answer
+    // writes; a payload whose exact bytes (spacing, escapes, key order) must come back.
+    let payload = r#"{ "z":1,"a" : [1.10, "\u0000\"q\"\\"], "ü": null }"#;
+    let body = format!(
+        r#"{{"items":[{{"queue":"q","partition":"p \"1\" \\ é","transactionId":"t\"x\n\u0001","traceId":"tr\"ace","payload":{payload}}}]}}"#
+    );
+    let pushed = app.post_raw("/api/v1/push", body.into_bytes()).await;
+    assert_eq!(pushed.status, 201, "{:?}", pushed.body);
+
+    let raw = get_raw(&app, "/api/v1/pop/queue/q?batch=5").await;
+    assert_eq!(raw.status, 200);
+    let text = String::from_utf8(raw.body.clone()).expect("utf-8");
+    assert!(text.contains(payload), "payload not verbatim in {text}");
+    let v: Value = serde_json::from_slice(&raw.body).expect("the answer is JSON");
+    let m = &v["messages"][0];
+    assert_eq!(m["transactionId"], "t\"x\n\u{1}");
+    assert_eq!(m["partition"], "p \"1\" \\ é");
+    assert_eq!(v["partition"], "p \"1\" \\ é");
+    // `/push` ignores a traceId in the body (reference/producing.md); only `/transaction` sets it.
+    assert_eq!(m["traceId"], Value::Null);
+    assert_eq!(m["producerSub"], Value::Null);
+    assert_eq!(m["data"]["a"][1], "\u{0}\"q\"\\");
+    assert_eq!(m["queue"], "q");
+    assert_eq!(m["retryCount"], 0);
+    assert_eq!(m["leaseId"], v["leaseId"]);
+    assert_eq!(m["partitionId"], v["partitionId"]);
+    assert_eq!(v["partitionsClaimed"], 1);
+    assert_eq!(v["success"], true);
+    let created = m["createdAt"].as_str().expect("createdAt");
+    assert_eq!(
+        created.len(),
+        "2023-11-14T22:13:20.123456Z".len(),
+        "{created}"
+    );
+    assert!(created.ends_with('Z'));
+}
