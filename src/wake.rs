@@ -39,8 +39,30 @@ pub enum WakeKey {
 /// Waiting pops by key; cheap to share.
 #[derive(Default)]
 pub struct WakeHub {
-    waiters: Mutex<HashMap<WakeKey, Arc<Notify>>>,
+    waiters: Mutex<Waiters>,
     listening: AtomicBool,
+}
+
+/// The registrations, with the named groups waiting on each queue, so a wake-up finds the
+/// keys it rings by lookups, however many pops wait.
+#[derive(Default)]
+struct Waiters {
+    by_key: HashMap<WakeKey, Arc<Notify>>,
+    groups: HashMap<String, Vec<String>>,
+}
+
+impl Waiters {
+    fn remove(&mut self, key: &WakeKey) {
+        self.by_key.remove(key);
+        if let WakeKey::Group(queue, group) = key {
+            if let Some(groups) = self.groups.get_mut(queue) {
+                groups.retain(|g| g != group);
+                if groups.is_empty() {
+                    self.groups.remove(queue);
+                }
+            }
+        }
+    }
 }
 
 /// One pop's registration; dropping it unregisters.
@@ -76,13 +98,21 @@ impl WakeHub {
 
     /// Registers interest in `key`.
     pub fn subscribe(self: &Arc<Self>, key: WakeKey) -> Waiter {
-        let notify = self
-            .waiters
-            .lock()
-            .expect("wake hub lock poisoned")
-            .entry(key.clone())
-            .or_default()
-            .clone();
+        let mut waiters = self.waiters.lock().expect("wake hub lock poisoned");
+        let waiters = &mut *waiters;
+        let notify = match waiters.by_key.get(&key) {
+            Some(n) => n.clone(),
+            None => {
+                if let WakeKey::Group(queue, group) = &key {
+                    waiters
+                        .groups
+                        .entry(queue.clone())
+                        .or_default()
+                        .push(group.clone());
+                }
+                waiters.by_key.entry(key.clone()).or_default().clone()
+            }
+        };
         Waiter {
             hub: self.clone(),
             key,
@@ -100,6 +130,7 @@ impl WakeHub {
         self.waiters
             .lock()
             .expect("wake hub lock poisoned")
+            .by_key
             .get(key)
             .map_or(0, |n| Arc::strong_count(n) - 1)
     }
@@ -111,15 +142,25 @@ impl WakeHub {
     /// one batch still reaches further waiters.
     pub fn wake(&self, queue: &str, partition: &str) {
         let waiters = self.waiters.lock().expect("wake hub lock poisoned");
-        if waiters.is_empty() {
+        if waiters.by_key.is_empty() {
             return;
         }
-        for (key, n) in waiters.iter() {
-            match key {
-                WakeKey::Queue(q) | WakeKey::Group(q, _) if q == queue => n.notify_one(),
-                WakeKey::Partition(q, p) if q == queue && p == partition => n.notify_waiters(),
-                WakeKey::Any => n.notify_waiters(),
-                _ => {}
+        let ring_all = [
+            WakeKey::Partition(queue.to_string(), partition.to_string()),
+            WakeKey::Any,
+        ];
+        for key in &ring_all {
+            if let Some(n) = waiters.by_key.get(key) {
+                n.notify_waiters();
+            }
+        }
+        if let Some(n) = waiters.by_key.get(&WakeKey::Queue(queue.to_string())) {
+            n.notify_one();
+        }
+        for group in waiters.groups.get(queue).into_iter().flatten() {
+            let key = WakeKey::Group(queue.to_string(), group.clone());
+            if let Some(n) = waiters.by_key.get(&key) {
+                n.notify_one();
             }
         }
     }
@@ -131,7 +172,7 @@ impl WakeHub {
             return;
         }
         let waiters = self.waiters.lock().expect("wake hub lock poisoned");
-        if let Some(n) = waiters.get(key) {
+        if let Some(n) = waiters.by_key.get(key) {
             // The map's reference and the caller's own: anyone beyond is another waiter.
             if Arc::strong_count(n) > 2 {
                 n.notify_one();
@@ -142,7 +183,7 @@ impl WakeHub {
     /// Wakes pops waiting on any partition of `queue` (or any queue).
     pub fn wake_queue(&self, queue: &str) {
         let waiters = self.waiters.lock().expect("wake hub lock poisoned");
-        for (key, n) in waiters.iter() {
+        for (key, n) in waiters.by_key.iter() {
             let hit = match key {
                 WakeKey::Queue(q) | WakeKey::Group(q, _) | WakeKey::Partition(q, _) => q == queue,
                 WakeKey::Any => true,
@@ -156,7 +197,7 @@ impl WakeHub {
     /// Wakes every waiting pop (notifications may have been lost).
     pub fn wake_all(&self) {
         let waiters = self.waiters.lock().expect("wake hub lock poisoned");
-        for n in waiters.values() {
+        for n in waiters.by_key.values() {
             n.notify_waiters();
         }
     }
@@ -320,6 +361,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_written_partition_wakes_one_waiter_of_each_group() {
+        let hub = WakeHub::new();
+        let keys = [
+            WakeKey::Queue("q".into()),
+            WakeKey::Group("q".into(), "a".into()),
+            WakeKey::Group("q".into(), "b".into()),
+            WakeKey::Group("other".into(), "a".into()),
+        ];
+        // Two waiters on each key.
+        let waiters: Vec<Waiter> = keys
+            .iter()
+            .flat_map(|k| [hub.subscribe(k.clone()), hub.subscribe(k.clone())])
+            .collect();
+        let mut pending: Vec<_> = waiters
+            .iter()
+            .map(|w| Box::pin(w.notify().notified()))
+            .collect();
+        for n in &mut pending {
+            n.as_mut().enable();
+        }
+        hub.wake("q", "p");
+        let woken: Vec<bool> = pending
+            .iter_mut()
+            .map(|n| futures_util::FutureExt::now_or_never(n.as_mut()).is_some())
+            .collect();
+        // One of the two on each of q's keys; none on the other queue's group.
+        assert_eq!(
+            woken,
+            vec![true, false, true, false, true, false, false, false]
+        );
+        drop(pending);
+        drop(waiters);
+        assert!(hub.waiters.lock().unwrap().by_key.is_empty());
+        assert!(hub.waiters.lock().unwrap().groups.is_empty());
+    }
+
+    #[tokio::test]
     async fn a_wake_reaches_an_enabled_waiter_and_unused_keys_are_dropped() {
         let hub = WakeHub::new();
         let waiter = hub.subscribe(WakeKey::Queue("q".into()));
@@ -333,6 +411,7 @@ mod tests {
                 .expect("woken");
         }
         drop(waiter);
-        assert!(hub.waiters.lock().unwrap().is_empty());
+        assert!(hub.waiters.lock().unwrap().by_key.is_empty());
+        assert!(hub.waiters.lock().unwrap().groups.is_empty());
     }
 }
