@@ -111,9 +111,9 @@ impl SegmentCache {
         partition_id: i64,
         base_offset: i64,
         count: i64,
-        frames: &[u8],
+        frames: Vec<u8>,
     ) -> Arc<CachedSegment> {
-        self.keep(partition_id, base_offset, count, frames.to_vec())
+        self.keep(partition_id, base_offset, count, frames)
     }
 
     fn keep(

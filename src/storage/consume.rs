@@ -589,36 +589,29 @@ impl Collect<'_, '_> {
             .bind(&held_bases)
             .fetch_all(&mut *conn)
             .await?;
+        let claimed = !rows.is_empty();
         let (committed, retry_count, next_offset, mut segments) = match rows.first() {
             Some(first) => {
-                let mut segments = Vec::with_capacity(rows.len());
-                for r in &rows {
-                    let Some(base) = r.base_offset else { continue };
-                    let seg = match &r.frames {
-                        Some(bytes) => self.req.cache.insert_read(
-                            row.id,
-                            base,
-                            r.msg_count.unwrap_or(0).into(),
-                            bytes,
-                        ),
-                        None => match held.iter().find(|s| s.base_offset == base) {
-                            Some(s) => s.clone(),
-                            None => {
-                                return Err(StorageError::Inconsistent(format!(
-                                    "partition {}: segment {base} was neither sent nor cached",
-                                    row.id
-                                )))
-                            }
-                        },
-                    };
-                    segments.push(seg);
-                }
-                (
+                let head = (
                     first.committed_offset,
                     first.batch_retry_count,
                     first.next_offset,
-                    segments,
-                )
+                );
+                let mut segments = Vec::with_capacity(rows.len());
+                for r in rows {
+                    if let Some(base) = r.base_offset {
+                        let count = r.msg_count.unwrap_or(0).into();
+                        segments.push(sent_or_held(
+                            self.req.cache,
+                            &held,
+                            row.id,
+                            base,
+                            count,
+                            r.frames,
+                        )?);
+                    }
+                }
+                (head.0, head.1, head.2, segments)
             }
             // The group already had a row here when the scan read it: the lease is held by
             // someone else (or being claimed right now).
@@ -659,7 +652,7 @@ impl Collect<'_, '_> {
 
         let want = (self.remaining as i64).min(next_offset - committed).max(0);
         // What the claim recorded as leased (the insert records no range).
-        let recorded = (!rows.is_empty()).then_some((committed, committed + want));
+        let recorded = claimed.then_some((committed, committed + want));
         let mut first = segments
             .first()
             .map_or(committed, |s| committed.max(s.base_offset));
@@ -849,14 +842,14 @@ pub async fn read_range(
         if let Some(&(base, _, _)) = rows.first() {
             let mut segments = Vec::with_capacity(rows.len());
             for (b, count, bytes) in rows {
-                segments.push(match bytes {
-                    Some(bytes) => cache.insert_read(partition_id, b, count.into(), &bytes),
-                    None => held
-                        .iter()
-                        .find(|s| s.base_offset == b)
-                        .cloned()
-                        .expect("only held bases are sent without frames"),
-                });
+                segments.push(sent_or_held(
+                    cache,
+                    &held,
+                    partition_id,
+                    b,
+                    count.into(),
+                    bytes,
+                )?);
             }
             return Ok((segments, from.max(base)));
         }
@@ -876,6 +869,30 @@ pub async fn read_range(
         }
     }
     Ok((Vec::new(), from))
+}
+
+/// A segment of a read that skipped the frames of the segments in `held`: the frames sent
+/// (kept in the cache too), or the held copy.
+fn sent_or_held(
+    cache: &SegmentCache,
+    held: &[Arc<CachedSegment>],
+    partition_id: i64,
+    base: i64,
+    count: i64,
+    frames: Option<Vec<u8>>,
+) -> Result<Arc<CachedSegment>, StorageError> {
+    match frames {
+        Some(frames) => Ok(cache.insert_read(partition_id, base, count, frames)),
+        None => held
+            .iter()
+            .find(|s| s.base_offset == base)
+            .cloned()
+            .ok_or_else(|| {
+                StorageError::Inconsistent(format!(
+                    "partition {partition_id}: segment {base} was neither sent nor cached"
+                ))
+            }),
+    }
 }
 
 /// SQL for where a group starts on a partition it has not touched yet: the beginning without a
