@@ -276,6 +276,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         lease_pool,
         settings: settings.clone(),
         inflight: Arc::new(Inflight::default()),
+        reading: Arc::new(AtomicUsize::new(0)),
         committers,
         spool,
         flags,
@@ -286,14 +287,20 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     let data = state.clone();
     let addr = format!("{}:{}", settings.host, settings.port);
     let server = HttpServer::new(move || {
+        let patterns = std::rc::Rc::new(crate::http::route_patterns());
         App::new()
             .app_data(data.clone())
             // The gate runs inside the CORS headers, so its 401/403/404 answers carry them.
+            // Inside the gate: path and query values are checked once a caller is admitted.
+            .wrap(actix_web::middleware::from_fn(move |req, next| {
+                crate::http::inputs::checked(patterns.clone(), req, next)
+            }))
             .wrap(Gate::new(gatekeeper.clone()))
             .wrap(crate::http::cors_headers())
             .configure(crate::http::configure)
     })
     .workers(settings.workers)
+    .max_connections(connections_per_worker(&settings))
     .shutdown_timeout(30)
     .bind(&addr)
     .map_err(|source| StartError::Bind {
@@ -311,6 +318,36 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         listener,
         private_cluster,
     })
+}
+
+/// File descriptors kept free of client connections: PostgreSQL connections, spool and
+/// watermark files, the LISTEN connection, the JWKS fetch.
+const RESERVED_FDS: usize = 256;
+
+/// The soft open-file limit of this process (from `/proc/self/limits`), if it can be read.
+fn open_file_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// `QUEEN_MAX_CONNECTIONS`, capped so that client connections can never use up the file
+/// descriptors the broker needs for PostgreSQL and the spool, split over the workers (actix
+/// counts per worker; connections past the limit wait in the listen backlog).
+fn connections_per_worker(settings: &Settings) -> usize {
+    let mut total = settings.max_connections;
+    if let Some(fds) = open_file_limit() {
+        let cap = fds.saturating_sub(RESERVED_FDS).max(fds / 2).max(1);
+        if cap < total {
+            tracing::info!(
+                open_file_limit = fds,
+                max_connections = cap,
+                "QUEEN_MAX_CONNECTIONS capped below the open-file limit"
+            );
+            total = cap;
+        }
+    }
+    (total / settings.workers.max(1)).max(1)
 }
 
 /// PostgreSQL is away at start-up: serve anyway (pushes go to the spool) and migrate once it

@@ -167,7 +167,10 @@ variables! {
     PORT, "port", Value("6632"), Port, "HTTP port (0 picks a free one)";
     NUM_WORKERS, "num_workers", Absent("number of cores"), Count, "HTTP worker threads";
     QUEEN_MAX_BODY_BYTES, "queen_max_body_bytes", Value("67108864"), Count, "larger request bodies get 413";
-    QUEEN_MAX_INFLIGHT_BYTES, "queen_max_inflight_bytes", Value("268435456"), Count, "request bytes held by the write path before 503 + `Retry-After`";
+    QUEEN_MAX_INFLIGHT_BYTES, "queen_max_inflight_bytes", Value("268435456"), Count, "memory held by the write path before 503 + `Retry-After`: request bytes × 2 plus 512 bytes per item";
+    QUEEN_MAX_READING_BYTES, "queen_max_reading_bytes", Value("268435456"), Count, "request body bytes being received at once, over all connections, before 503 + `Retry-After`";
+    QUEEN_BODY_TIMEOUT_MS, "queen_body_timeout_ms", Value("30000"), Millis, "a request body not fully received in this time gets 408 and its connection is closed";
+    QUEEN_MAX_CONNECTIONS, "queen_max_connections", Value("10000"), Count, "open client connections at most (further ones wait in the listen backlog); capped below the open-file limit";
     LOG_LEVEL, "log_level", Value("info"), Choice(super::LOG_LEVELS), "log level; `RUST_LOG` refines it";
     QUEEN_CONFIG, -, Absent("`config/queen.toml` when present"), Path, "the TOML file read under the environment";
     DATABASE_URL, "database_url", Absent(""), Url(&["postgres://", "postgresql://"]), "PostgreSQL URL; wins over the `PG_*` variables";
@@ -177,6 +180,8 @@ variables! {
     PG_PASSWORD, "pg_password", Value("postgres"), Secret, "PostgreSQL password";
     PG_DB, "pg_db", Value("postgres"), Text, "PostgreSQL database";
     DB_POOL_SIZE, "db_pool_size", Value("20"), Count, "connections of the shared pool (health, admin, background work)";
+    QUEEN_ADMIN_POOL_SIZE, "queen_admin_pool_size", Value("2"), Count, "connections of the admin-read pool (`/api/v1/resources/*`, `/api/v1/messages`, `/api/v1/dlq`, consumer-group reads): heavy reads wait here, never in the shared pool";
+    QUEEN_ADMIN_STATEMENT_TIMEOUT_MS, "queen_admin_statement_timeout_ms", Value("5000"), Millis, "statement timeout of the admin-read pool (a longer read gets 503)";
     DB_STATEMENT_TIMEOUT, "db_statement_timeout", Value("30000"), Millis, "statement timeout of every session";
     DB_LOCK_TIMEOUT, "db_lock_timeout", Value("10000"), Millis, "lock timeout of every session";
     DB_CONNECTION_TIMEOUT, "db_connection_timeout", Value("2000"), Millis, "connect timeout";
@@ -344,8 +349,18 @@ pub struct Settings {
     pub commit_timeout: Duration,
     /// Bytes of committed segments kept in memory for pops and acks (0: none).
     pub segment_cache_bytes: usize,
-    /// Request bytes in the write path before 503.
+    /// Memory (request bytes × 2 + 512 per item) in the write path before 503.
     pub max_inflight_bytes: usize,
+    /// Body bytes being received at once before 503.
+    pub max_reading_bytes: usize,
+    /// Longest a request body may take to arrive.
+    pub body_timeout: Duration,
+    /// Open client connections at most.
+    pub max_connections: usize,
+    /// Connections of the admin-read pool.
+    pub admin_pool_size: u32,
+    /// Statement timeout of the admin-read pool.
+    pub admin_statement_timeout: Duration,
     /// Items waiting per partition before 503.
     pub partition_max_pending: usize,
     /// Idle time after which a partition actor stops.
@@ -722,6 +737,11 @@ impl Settings {
             commit_timeout: src.duration(&QUEEN_COMMIT_TIMEOUT_MS)?,
             segment_cache_bytes: src.bytes(&QUEEN_SEGMENT_CACHE_BYTES)? as usize,
             max_inflight_bytes: src.count(&QUEEN_MAX_INFLIGHT_BYTES)? as usize,
+            max_reading_bytes: src.count(&QUEEN_MAX_READING_BYTES)? as usize,
+            body_timeout: src.duration(&QUEEN_BODY_TIMEOUT_MS)?,
+            max_connections: src.count(&QUEEN_MAX_CONNECTIONS)? as usize,
+            admin_pool_size: src.count(&QUEEN_ADMIN_POOL_SIZE)? as u32,
+            admin_statement_timeout: src.duration(&QUEEN_ADMIN_STATEMENT_TIMEOUT_MS)?,
             partition_max_pending: src.count(&QUEEN_PARTITION_MAX_PENDING)? as usize,
             partition_idle: src.duration(&QUEEN_PARTITION_IDLE_MS)?,
             dedup_sweep_every: src.duration(&QUEEN_DEDUP_SWEEP_MS)?,

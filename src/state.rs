@@ -67,6 +67,8 @@ pub struct AppState {
     pub settings: Arc<Settings>,
     /// Admission accounting.
     pub inflight: Arc<Inflight>,
+    /// Body bytes being received (`QUEEN_MAX_READING_BYTES`, see `http::body`).
+    pub reading: Arc<AtomicUsize>,
     /// Committers' backlog.
     pub committers: CommitterPool,
     /// The spool (depth, maintenance mode).
@@ -98,16 +100,30 @@ impl Drop for Admission {
     }
 }
 
-/// Admits `bytes` more request bytes when the total stays within `limit`; `None` means
-/// "overloaded, retry later".
-pub fn admit(inflight: &Arc<Inflight>, bytes: usize, limit: usize) -> Option<Admission> {
-    let before = inflight.bytes.fetch_add(bytes, Ordering::Relaxed);
+/// Memory one accepted item costs beyond its bytes while a push is served: the parsed item,
+/// the write-path item, its verdict, its result and its share of the response (measured with
+/// the bench's many-small-items push: ≈ 0.7 KiB, rounded up).
+pub const ITEM_MEMORY_BYTES: usize = 1024;
+
+/// The memory a push of `body_bytes` holding `items` items is admitted for: the body and the
+/// payload copies made from it (× 2) plus [`ITEM_MEMORY_BYTES`] per item. This, not the body
+/// size alone, is what `QUEEN_MAX_INFLIGHT_BYTES` bounds, so a body of a million tiny items
+/// counts for what it really costs.
+pub fn push_cost(body_bytes: usize, items: usize) -> usize {
+    body_bytes
+        .saturating_mul(2)
+        .saturating_add(items.saturating_mul(ITEM_MEMORY_BYTES))
+}
+
+/// Admits `cost` more bytes when the total stays within `limit`; `None` means "overloaded,
+/// retry later". A cost above `limit` alone is never admitted (the caller answers 413).
+pub fn admit(inflight: &Arc<Inflight>, cost: usize, limit: usize) -> Option<Admission> {
+    let before = inflight.bytes.fetch_add(cost, Ordering::Relaxed);
     let admission = Admission {
         state: inflight.clone(),
-        bytes,
+        bytes: cost,
     };
-    // A request larger than the limit alone is still served when nothing else is in flight.
-    (before == 0 || before + bytes <= limit).then_some(admission)
+    (before.saturating_add(cost) <= limit).then_some(admission)
 }
 
 /// Reads (push maintenance, pop maintenance) from PostgreSQL.

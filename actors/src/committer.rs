@@ -6,6 +6,11 @@
 //! the least busy one. A partition is never in two transactions at once because its actor keeps
 //! a single write in flight, so each committer's backlog is bounded by the number of partitions
 //! with pending writes.
+//!
+//! A transaction that fails for a reason other than PostgreSQL being unreachable (a value it
+//! refuses, say) is retried segment by segment, so the partitions that merely shared it are
+//! not held back: only the segment that fails on its own is reported failed (and spooled by
+//! its partition actor, whose replay isolates the refused item).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -114,29 +119,39 @@ impl<S: SegmentStore> Committer<S> {
                 ok = result.is_ok(),
                 "commit"
             );
-            (store, writes, replies, result)
+            let results: Vec<Result<SegmentOutcome, StoreError>> = match result {
+                Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
+                Err(StoreError::Transaction(e)) if writes.len() > 1 => {
+                    tracing::warn!(committer = id, error = %e, segments = writes.len(),
+                        "commit refused; committing its segments one by one");
+                    let mut each = Vec::with_capacity(writes.len());
+                    for write in &writes {
+                        // Once PostgreSQL is unreachable, the rest would only wait to fail.
+                        if let Some(Err(unreachable @ StoreError::Unavailable(_))) = each.last() {
+                            each.push(Err(StoreError::clone(unreachable)));
+                            continue;
+                        }
+                        let alone = store.commit(std::slice::from_ref(write)).await;
+                        each.push(alone.map(|mut o| o.remove(0)));
+                    }
+                    each
+                }
+                Err(error) => writes.iter().map(|_| Err(error.clone())).collect(),
+            };
+            (store, writes, replies, results)
         };
         ctx.spawn(
             commit
                 .into_actor(self)
-                .map(|(store, writes, replies, result), act, ctx| {
+                .map(|(store, writes, replies, results), act, ctx| {
                     act.store = Some(store);
                     let answered: usize = writes.iter().map(|w| w.items.len()).sum();
                     act.load.fetch_sub(answered, Ordering::Relaxed);
-                    match result {
-                        Ok(outcomes) => {
-                            for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                                let _ = reply.send(Ok(outcome));
-                            }
-                        }
-                        Err(error) => {
-                            for (reply, write) in replies.into_iter().zip(writes) {
-                                let _ = reply.send(Err(CommitFailure {
-                                    error: error.clone(),
-                                    items: write.items,
-                                }));
-                            }
-                        }
+                    for ((reply, write), result) in replies.into_iter().zip(writes).zip(results) {
+                        let _ = reply.send(result.map_err(|error| CommitFailure {
+                            error,
+                            items: write.items,
+                        }));
                     }
                     act.start_commit(ctx);
                 }),

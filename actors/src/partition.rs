@@ -194,7 +194,9 @@ impl PartitionActor {
     }
 
     /// Appends items (their spool places already reserved) and answers `buffered`, or `failed`
-    /// when the spool could not take them.
+    /// when the spool could not take them. First wins, as on the live path: an item whose
+    /// transactionId an earlier item of the segment carries is answered `duplicate` naming
+    /// that item's id and is not spooled.
     fn spool_items(
         &mut self,
         items: Vec<Item>,
@@ -202,14 +204,32 @@ impl PartitionActor {
         ctx: &mut Context<Self>,
     ) {
         let spool = self.spool.clone().expect("only called with a spool");
-        let records: Vec<Record> = items
-            .into_iter()
-            .map(|item| Record {
+        let mut first: std::collections::HashMap<String, uuid::Uuid> =
+            std::collections::HashMap::new();
+        let mut repeats: Vec<Option<Verdict>> = Vec::with_capacity(items.len());
+        let mut records: Vec<Record> = Vec::with_capacity(items.len());
+        for item in items {
+            if let Some(id) = first.get(&item.transaction_id) {
+                repeats.push(Some(Verdict::Duplicate(*id)));
+                continue;
+            }
+            first.insert(item.transaction_id.clone(), item.message_id);
+            repeats.push(None);
+            records.push(Record {
                 key: self.key.clone(),
                 item,
-            })
-            .collect();
-        let appended = async move { spool.append(records).await };
+            });
+        }
+        let duplicates = (repeats.len() - records.len()) as u64;
+        if duplicates > 0 {
+            spool.state.release(&self.key, duplicates);
+        }
+        let appended = async move {
+            if records.is_empty() {
+                return Ok(());
+            }
+            spool.append(records).await
+        };
         ctx.spawn(appended.into_actor(self).map(move |result, act, ctx| {
             let verdict = match result {
                 Ok(()) => Verdict::Buffered,
@@ -218,8 +238,9 @@ impl PartitionActor {
                     Verdict::Failed
                 }
             };
+            let mut verdicts = repeats.into_iter().map(|r| r.unwrap_or(verdict));
             for (count, reply) in groups {
-                let _ = reply.send(Ok(vec![verdict; count]));
+                let _ = reply.send(Ok(verdicts.by_ref().take(count).collect()));
             }
             act.write_done(ctx);
         }));

@@ -3,6 +3,7 @@
 //! a push, a failed commit going to the spool, and backpressure. Every wait is on an event (a
 //! commit starting, an answer arriving), never on time.
 
+#[allow(dead_code)] // support is shared with isolation, which uses other parts of it
 mod support;
 
 use std::time::Duration;

@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 use crate::auth::jwks::{JwksCache, JwksError, KeyKind, UNKNOWN_KID_COOLDOWN};
 use crate::auth::roles::Roles;
 use crate::auth::{AuthError, Caller, ConfigError};
-use crate::protocol::{Name, NameTooLong};
+use crate::protocol::Name;
 use crate::settings::{JwtAlgorithm, JwtSettings, RoleNames};
 
 /// The key family a token's `alg` needs.
@@ -247,7 +247,11 @@ impl Verifier {
     fn caller(&self, claims: &Map<String, Value>) -> Result<Caller, AuthError> {
         let sub = match claims.get("sub") {
             Some(Value::String(sub)) if !Name::fits(sub) => {
-                return Err(AuthError::invalid(format!("Token sub {}", NameTooLong)))
+                let why = Name::check(sub)
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
+                return Err(AuthError::invalid(format!("Token sub {why}")));
             }
             Some(Value::String(sub)) => Some(sub.clone()),
             _ => None,
@@ -289,6 +293,13 @@ impl Header {
             Some(Value::String(alg)) => alg.clone(),
             _ => return Err(decode_error("header has no alg")),
         };
+        // RFC 7515 §4.1.11: a recipient that does not understand every extension `crit` lists
+        // must reject the token. This verifier understands none.
+        if let Some(crit) = header.get("crit") {
+            return Err(decode_error(&format!(
+                "header lists critical extensions this broker does not understand: {crit}"
+            )));
+        }
         let kid = header
             .get("kid")
             .and_then(Value::as_str)
@@ -369,6 +380,37 @@ mod tests {
             &EncodingKey::from_secret(secret.as_bytes()),
         )
         .unwrap()
+    }
+
+    /// An HS256 token with a header written by hand.
+    fn hs_with_header(header: Value, claims: Value, secret: &str) -> String {
+        let b64 = |v: &Value| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(v).unwrap())
+        };
+        let message = format!("{}.{}", b64(&header), b64(&claims));
+        let signature = jsonwebtoken::crypto::sign(
+            message.as_bytes(),
+            &EncodingKey::from_secret(secret.as_bytes()),
+            Algorithm::HS256,
+        )
+        .unwrap();
+        format!("{message}.{signature}")
+    }
+
+    #[actix_web::test]
+    async fn a_token_with_a_critical_extension_is_refused() {
+        let v = Verifier::new(&settings(&[("JWT_SECRET", "k")])).unwrap();
+        let plain = hs_with_header(json!({"alg": "HS256", "typ": "JWT"}), json!({}), "k");
+        assert!(v.verify(&plain).await.is_ok());
+        for crit in [json!(["exp-ext"]), json!(["b64"]), json!([]), json!("x")] {
+            let token = hs_with_header(
+                json!({"alg": "HS256", "crit": crit, "exp-ext": 1, "b64": false}),
+                json!({}),
+                "k",
+            );
+            let text = error(&v, &token).await;
+            assert!(text.contains("critical extensions"), "{crit}: {text}");
+        }
     }
 
     fn now() -> i64 {

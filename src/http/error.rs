@@ -21,6 +21,20 @@ pub enum ApiError {
         /// The configured limit.
         limit: usize,
     },
+    /// A push whose items alone need more memory than the write path may hold.
+    #[error("request needs about {cost} bytes of memory, more than QUEEN_MAX_INFLIGHT_BYTES ({limit}); send fewer items per request")]
+    TooMuchMemory {
+        /// The estimated cost.
+        cost: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+    /// The body comes in an encoding the broker does not decode.
+    #[error("Content-Encoding {0:?} is not supported (send gzip, deflate or identity)")]
+    UnsupportedEncoding(String),
+    /// The body did not arrive in time.
+    #[error("request body not received within {0:?} (QUEEN_BODY_TIMEOUT_MS)")]
+    BodyTimeout(std::time::Duration),
     /// The write path is saturated; retry after the delay.
     #[error("broker is overloaded, retry later")]
     Overloaded {
@@ -65,7 +79,9 @@ impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
-            Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::TooLarge { .. } | Self::TooMuchMemory { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Push(PushError::Overloaded(_)) => StatusCode::SERVICE_UNAVAILABLE,
@@ -99,6 +115,10 @@ impl ResponseError for ApiError {
         };
         if let Some(secs) = retry_after {
             res.insert_header((header::RETRY_AFTER, secs.to_string()));
+        }
+        if let Self::BodyTimeout(_) = self {
+            // The rest of the body may still trickle in: the connection is not reused.
+            res.insert_header((header::CONNECTION, "close"));
         }
         if let Self::Unauthenticated(_) = self {
             res.insert_header((header::WWW_AUTHENTICATE, "Bearer"));

@@ -9,6 +9,7 @@ use serde_json::{json, Map, Value};
 use crate::http::body::read_body;
 use crate::http::error::{with_db, ApiError};
 use crate::protocol::ack::{json_body, opt_str};
+use crate::protocol::params::seconds_param;
 use crate::protocol::time::iso_millis;
 use crate::state::AppState;
 use crate::storage::groups::{self, PartitionLag, SeekTarget};
@@ -63,10 +64,11 @@ pub async fn lagging(
     query: web::Query<HashMap<String, String>>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let min = query
-        .get("minLagSeconds")
-        .and_then(|v| v.parse::<i64>().ok())
-        .unwrap_or(3600);
+    let min = seconds_param(
+        "minLagSeconds",
+        query.get("minLagSeconds").map(String::as_str),
+        3600,
+    )?;
     let rows = with_db(&state, async {
         let mut conn = state.pool.acquire().await?;
         groups::lagging(&mut conn, min).await

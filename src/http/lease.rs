@@ -1,13 +1,14 @@
 //! `POST /api/v1/lease/{leaseId}/extend` (reference §5.3). The body is optional (the Python
-//! SDK sends none): `{"seconds": n}`, default 60. Failures stay 200 with `success: false`.
+//! SDK sends none): `{"seconds": n}`, default 60, at most one day (a 400 beyond). Failures stay 200 with `success: false`.
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use serde_json::{json, Value};
+use serde_json::json;
 use uuid::Uuid;
 
 use crate::http::body::read_body;
 use crate::http::error::{with_db, ApiError};
 use crate::protocol::ack::json_body;
+use crate::protocol::params::lease_seconds;
 use crate::protocol::time::iso_millis;
 use crate::state::AppState;
 use crate::storage::leases::{self, ExtendError};
@@ -25,11 +26,7 @@ pub async fn extend(
     let lease = path.into_inner();
     let bytes = read_body(&req, payload, state.settings.max_body_bytes).await?;
     let body = json_body(&bytes, true)?;
-    let seconds = body
-        .get("seconds")
-        .and_then(Value::as_i64)
-        .filter(|s| *s > 0)
-        .unwrap_or(DEFAULT_SECONDS);
+    let seconds = lease_seconds(body.get("seconds"), DEFAULT_SECONDS)?;
     let result = match Uuid::parse_str(&lease) {
         Ok(id) => {
             with_db(&state, async {

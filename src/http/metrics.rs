@@ -38,6 +38,7 @@ struct Snapshot {
     spool_records: u64,
     spool_bytes: u64,
     replayed: u64,
+    quarantined: u64,
     db_unreachable_secs: u64,
     db_down: bool,
     maintenance: bool,
@@ -56,6 +57,7 @@ fn snapshot(state: &AppState) -> Snapshot {
         spool_records: spool.records(),
         spool_bytes: spool.bytes(),
         replayed: spool.replayed(),
+        quarantined: spool.quarantined(),
         db_unreachable_secs: spool.db_down_for().map_or(0, |d| d.as_secs()),
         db_down: spool.db_down_for().is_some(),
         maintenance: spool.maintenance(),
@@ -84,6 +86,7 @@ pub async fn json(state: web::Data<AppState>) -> HttpResponse {
             "records": s.spool_records,
             "bytes": s.spool_bytes,
             "replayed": s.replayed,
+            "quarantined": s.quarantined,
             "dbUnreachableSeconds": s.db_unreachable_secs,
             "maintenanceMode": s.maintenance,
             "popMaintenanceMode": s.pop_maintenance,
@@ -98,7 +101,7 @@ pub async fn json(state: web::Data<AppState>) -> HttpResponse {
 pub async fn prometheus(state: web::Data<AppState>) -> HttpResponse {
     let s = snapshot(&state);
     let registry = Registry::new();
-    let gauges: [(&str, &str, i64); 12] = [
+    let gauges: [(&str, &str, i64); 13] = [
         (
             "queen_uptime_seconds",
             "seconds since the broker started",
@@ -138,6 +141,11 @@ pub async fn prometheus(state: web::Data<AppState>) -> HttpResponse {
             "queen_db_unreachable_seconds",
             "how long commits have failed to reach PostgreSQL",
             s.db_unreachable_secs as i64,
+        ),
+        (
+            "queen_spool_quarantined_records",
+            "spooled records PostgreSQL refused, kept in the quarantine file (GET /api/v1/system/quarantine)",
+            s.quarantined as i64,
         ),
         (
             "queen_maintenance_mode_enabled",

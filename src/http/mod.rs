@@ -13,12 +13,14 @@ pub mod error;
 pub mod gate;
 pub mod groups;
 pub mod health;
+pub mod inputs;
 pub mod lease;
 pub mod maintenance;
 pub mod messages;
 pub mod metrics;
 pub mod pop;
 pub mod push;
+pub mod quarantine;
 pub mod resources;
 pub mod transaction;
 
@@ -98,7 +100,16 @@ pub fn routes() -> Vec<Route> {
         Route::new(Method::GET, "/api/v1/system/maintenance/pop", Capability::Admin, |r| r.to(maintenance::get_pop)),
         Route::new(Method::POST, "/api/v1/system/maintenance/pop", Capability::Admin, |r| r.to(maintenance::set_pop)),
         Route::new(Method::GET, "/api/v1/system/shared-state", Capability::Admin, |r| r.to(maintenance::shared_state)),
+        Route::new(Method::GET, "/api/v1/system/quarantine", Capability::Admin, |r| r.to(quarantine::list)),
     ]
+}
+
+/// The paths of [`routes`], as the router matches them (for the input checks of [`inputs`]).
+pub fn route_patterns() -> Vec<actix_web::dev::ResourceDef> {
+    routes()
+        .into_iter()
+        .map(|r| actix_web::dev::ResourceDef::new(r.path))
+        .collect()
 }
 
 /// Registers every route of [`routes`] with its handler.

@@ -12,8 +12,8 @@ use uuid::Uuid;
 use crate::auth::Caller;
 use crate::http::body::read_body;
 use crate::http::error::ApiError;
-use crate::protocol::push::{mint, parse_push_body, ParsedItem, PushResult};
-use crate::state::{admit, AppState};
+use crate::protocol::push::{mint, parse_push_body, push_item_count, ParsedItem, PushResult};
+use crate::state::{admit, push_cost, AppState};
 
 /// Pushes minted items (one per parsed item, same order) and returns one verdict per item.
 ///
@@ -92,21 +92,23 @@ pub async fn push(
     caller: Caller,
 ) -> Result<HttpResponse, ApiError> {
     let bytes = read_body(&req, payload, state.settings.max_body_bytes).await?;
-    let parsed = parse_push_body(&bytes)?;
-    if parsed.is_empty() {
-        return Ok(HttpResponse::Created().json(Vec::<PushResult>::new()));
+    // Admission before the items are built: what they will cost is known from their count.
+    let limit = state.settings.max_inflight_bytes;
+    let cost = push_cost(bytes.len(), push_item_count(&bytes));
+    if cost > limit {
+        return Err(ApiError::TooMuchMemory { cost, limit });
     }
-    let Some(_admission) = admit(
-        &state.inflight,
-        bytes.len(),
-        state.settings.max_inflight_bytes,
-    ) else {
+    let Some(_admission) = admit(&state.inflight, cost, limit) else {
         return Err(ApiError::Overloaded {
             retry_after_secs: 1,
         });
     };
+    let mut parsed = parse_push_body(&bytes)?;
     drop(bytes);
-    let items = mint(&parsed, caller.producer_sub());
+    if parsed.is_empty() {
+        return Ok(HttpResponse::Created().json(Vec::<PushResult>::new()));
+    }
+    let items = mint(&mut parsed, caller.producer_sub());
     let results = push_items(&state, &parsed, items).await?;
     // The one push whose trouble shows in the status: maintenance mode with a failed spool write.
     if state.spool.state.maintenance() && results.iter().any(|r| r.status == "failed") {

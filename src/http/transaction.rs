@@ -33,6 +33,16 @@ struct Body<'a> {
     required_leases: Option<Value>,
 }
 
+/// An operation's type and items, the rest left unread: a push operation's payloads are kept
+/// raw exactly as on `/push` (no nesting limit of a parsed JSON tree applies to them).
+#[derive(Deserialize)]
+struct OpHead<'a> {
+    #[serde(borrow, default, rename = "type")]
+    kind: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    items: Option<&'a RawValue>,
+}
+
 #[derive(Deserialize)]
 struct TraceOnly {
     #[serde(default, rename = "traceId")]
@@ -70,15 +80,19 @@ fn parse(bytes: &[u8], producer_sub: Option<&str>) -> Result<Request, ApiError> 
         },
     };
     for (n, raw) in ops.into_iter().enumerate() {
-        let op: Value = serde_json::from_str(raw.get())
+        let head: OpHead = serde_json::from_str(raw.get())
             .map_err(|e| ApiError::BadRequest(format!("operation {n}: {e}")))?;
-        match op.get("type").and_then(Value::as_str) {
+        let kind = head
+            .kind
+            .and_then(|k| serde_json::from_str::<String>(k.get()).ok());
+        match kind.as_deref() {
             Some("push") => {
                 let at = |e: ProtocolError| ApiError::BadRequest(format!("operation {n}: {e}"));
-                let parsed = parse_push_body(raw.get().as_bytes()).map_err(at)?;
-                let traces: Vec<TraceOnly> = serde_json::from_value(op["items"].clone())
+                let mut parsed = parse_push_body(raw.get().as_bytes()).map_err(at)?;
+                let items = head.items.map_or("[]", RawValue::get);
+                let traces: Vec<TraceOnly> = serde_json::from_str(items)
                     .map_err(|e| ApiError::BadRequest(format!("operation {n}: {e}")))?;
-                let items = mint(&parsed, producer_sub);
+                let items = mint(&mut parsed, producer_sub);
                 for (i, ((p, mut item), trace)) in parsed.iter().zip(items).zip(traces).enumerate()
                 {
                     item.trace_id = match trace.trace_id {
@@ -86,7 +100,7 @@ fn parse(bytes: &[u8], producer_sub: Option<&str>) -> Result<Request, ApiError> 
                         Some(Value::String(t)) if Name::fits(&t) => Some(t),
                         Some(_) => {
                             return Err(ApiError::BadRequest(format!(
-                                "operation {n}: item {i}: traceId must be a string of at most {MAX_NAME_CHARS} characters"
+                                "operation {n}: item {i}: traceId must be a string of at most {MAX_NAME_CHARS} characters without NUL"
                             )))
                         }
                     };
@@ -99,6 +113,8 @@ fn parse(bytes: &[u8], producer_sub: Option<&str>) -> Result<Request, ApiError> 
                 }
             }
             Some("ack") => {
+                let op: Value = serde_json::from_str(raw.get())
+                    .map_err(|e| ApiError::BadRequest(format!("operation {n}: {e}")))?;
                 let ack = parse_ack(
                     &op,
                     plan.results,

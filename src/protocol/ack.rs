@@ -5,7 +5,7 @@
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::protocol::ProtocolError;
+use crate::protocol::{params, ProtocolError};
 use crate::storage::acks::{Ack, AckOutcome, AckStatus};
 use crate::storage::consume::QUEUE_MODE;
 
@@ -53,6 +53,11 @@ pub fn parse_ack(
     let transaction_id = opt_str(v, "transactionId")
         .ok_or_else(|| ProtocolError(missing_txn.into()))?
         .to_string();
+    // Values PostgreSQL cannot hold are the caller's mistake: a 400 naming the field.
+    params::check_value("transactionId", &transaction_id)?;
+    params::check_name("consumerGroup", &group)?;
+    params::check_text("error", opt_str(v, "error"))?;
+    params::check_text("leaseId", opt_str(v, "leaseId"))?;
     let partition =
         opt_str(v, "partitionId").ok_or_else(|| ProtocolError(missing_partition.into()))?;
     let partition = Uuid::parse_str(partition)

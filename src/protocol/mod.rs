@@ -7,10 +7,11 @@
 
 pub mod ack;
 pub mod name;
+pub mod params;
 pub mod push;
 pub mod time;
 
-pub use name::{Name, NameTooLong, MAX_NAME_CHARS};
+pub use name::{Name, NameError, MAX_NAME_CHARS};
 
 /// A request that breaks a rule of the protocol; the text is what the client reads.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -9,7 +9,8 @@ use sqlx::Connection;
 #[actix_web::test]
 async fn a_saturated_write_path_answers_503_with_retry_after() {
     let db = fresh_db().await;
-    let app = spawn_app_with(test_settings(&db, &[("QUEEN_MAX_INFLIGHT_BYTES", "10")])).await;
+    // Room for one small push (≈ 1.1 KB of admitted memory), not two.
+    let app = spawn_app_with(test_settings(&db, &[("QUEEN_MAX_INFLIGHT_BYTES", "1500")])).await;
     assert_eq!(
         app.push(json!([{ "queue": "bp", "payload": 0 }]))
             .await
@@ -48,4 +49,30 @@ async fn a_saturated_write_path_answers_503_with_retry_after() {
         0,
         "admission is released"
     );
+}
+
+#[actix_web::test]
+async fn many_small_items_are_admitted_for_what_they_cost_not_for_their_bytes() {
+    let db = fresh_db().await;
+    let app = spawn_app_with(test_settings(
+        &db,
+        &[("QUEEN_MAX_INFLIGHT_BYTES", "1000000")],
+    ))
+    .await;
+    // 2 000 items in ≈ 60 KB: the bytes fit the limit many times over, the items do not.
+    let many: Vec<_> = (0..2_000)
+        .map(|i| json!({ "queue": "amp", "payload": i }))
+        .collect();
+    let reply = app.push(json!(many)).await;
+    assert_eq!(reply.status, 413, "{:?}", reply.body);
+    assert!(reply.body["error"]
+        .as_str()
+        .unwrap()
+        .contains("QUEEN_MAX_INFLIGHT_BYTES"));
+    assert!(db.stored("amp", "Default").await.is_empty());
+    let few: Vec<_> = (0..500)
+        .map(|i| json!({ "queue": "amp", "payload": i }))
+        .collect();
+    assert_eq!(app.push(json!(few)).await.status, 201);
+    assert_eq!(queen_broker::app::inflight_bytes(&app.broker.state), 0);
 }

@@ -7,8 +7,10 @@
 //!   While a partition's count is above zero its actor spools new pushes behind them, so the
 //!   partition's order is the order of acceptance even across an outage.
 //! - [`replay::Replayer`] commits sealed files oldest-first through the normal commit path and
-//!   records its progress in a watermark file only after each commit is confirmed.
+//!   records its progress in a watermark file only after each commit is confirmed. A record
+//!   PostgreSQL refuses on its own goes to the [`quarantine`], so none holds back the others.
 
+pub mod quarantine;
 pub mod record;
 pub mod replay;
 
@@ -47,6 +49,10 @@ pub enum SpoolError {
     /// A write or fsync failed.
     #[error("spool write failed: {0}")]
     Write(String),
+    /// The spool's disk is full; new records are refused until replay or the operator frees
+    /// room (records already spooled are still replayed).
+    #[error("spool disk is full: {0}")]
+    Full(String),
     /// The spool actor is gone.
     #[error("spool is stopped")]
     Stopped,
@@ -60,6 +66,9 @@ pub struct SpoolState {
     total_bytes: AtomicU64,
     maintenance: AtomicBool,
     replayed: AtomicU64,
+    quarantined: AtomicU64,
+    dir: std::sync::OnceLock<PathBuf>,
+    disk_full: AtomicBool,
     db_down_since: Mutex<Option<Instant>>,
 }
 
@@ -113,6 +122,32 @@ impl SpoolState {
     /// Items replayed since start.
     pub fn replayed(&self) -> u64 {
         self.replayed.load(Ordering::Acquire)
+    }
+
+    /// Records moved to the quarantine file (kept there until an operator removes them).
+    pub fn quarantined(&self) -> u64 {
+        self.quarantined.load(Ordering::Acquire)
+    }
+
+    /// Counts `n` more quarantined records.
+    pub fn add_quarantined(&self, n: u64) {
+        self.quarantined.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// The spool directory (set when the spool is opened).
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.get().map(PathBuf::as_path)
+    }
+
+    /// Whether the spool's disk was found full: new spool writes are refused until a write or
+    /// a replayed file frees room.
+    pub fn disk_full(&self) -> bool {
+        self.disk_full.load(Ordering::Acquire)
+    }
+
+    /// Records whether the spool's disk is full.
+    pub fn set_disk_full(&self, full: bool) {
+        self.disk_full.store(full, Ordering::Release);
     }
 
     /// Whether maintenance mode is on (every push spooled, replay paused).
@@ -194,7 +229,16 @@ pub struct SpoolActor {
     busy: bool,
     seal_requested: bool,
     counter: u64,
+    full_at: Option<Instant>,
 }
+
+/// Whether an I/O error says the disk (or the quota) is full.
+pub fn is_disk_full(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(28 | 122)) // ENOSPC, EDQUOT
+}
+
+/// How long after a full-disk failure the spool tries a write again.
+const FULL_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn dir_error(dir: &Path, e: impl std::fmt::Display) -> SpoolError {
     SpoolError::Directory {
@@ -233,19 +277,38 @@ pub fn read_watermark(file: &Path) -> u64 {
 
 impl SpoolActor {
     /// Opens the spool in `dir`: creates it, proves it writable, and counts the records left by
-    /// an earlier run (so their partitions keep spooling behind them until replayed).
+    /// an earlier run (so their partitions keep spooling behind them until replayed). A full
+    /// disk does not stop the start: replay is what frees it, so the spool opens with new
+    /// writes refused ([`SpoolState::disk_full`]) until there is room again. Empty spool files
+    /// (left by an append that failed) are removed.
     ///
     /// # Errors
     ///
-    /// [`SpoolError::Directory`] naming the directory when it cannot be created or written.
+    /// [`SpoolError::Directory`] naming the directory when it cannot be created, read or written
+    /// (for a reason other than being full).
     pub fn open(dir: &Path, state: std::sync::Arc<SpoolState>) -> Result<Self, SpoolError> {
         std::fs::create_dir_all(dir).map_err(|e| dir_error(dir, e))?;
         let probe = dir.join(".write-probe");
-        std::fs::write(&probe, b"ok")
-            .and_then(|()| std::fs::remove_file(&probe))
-            .map_err(|e| dir_error(dir, e))?;
+        match std::fs::write(&probe, b"ok").and_then(|()| std::fs::remove_file(&probe)) {
+            Ok(()) => {}
+            Err(e) if is_disk_full(&e) => {
+                let _ = std::fs::remove_file(&probe);
+                tracing::warn!(dir = %dir.display(), error = %e,
+                    "spool disk is full: starting anyway; replay frees it, new spool writes are refused until then");
+                state.set_disk_full(true);
+            }
+            Err(e) => return Err(dir_error(dir, e)),
+        }
+        let _ = state.dir.set(dir.to_path_buf());
+        state.add_quarantined(quarantine::count(dir));
         for file in list_files(dir).map_err(|e| dir_error(dir, e))? {
             let bytes = std::fs::read(&file).map_err(|e| dir_error(dir, e))?;
+            if bytes.is_empty() {
+                // An append that failed on a fresh file leaves it empty: nothing to replay.
+                let _ = std::fs::remove_file(&file);
+                let _ = std::fs::remove_file(done_path(&file));
+                continue;
+            }
             let (records, damage) = record::decode_all(&bytes);
             for d in &damage {
                 tracing::error!(file = %file.display(), at = d.at, skipped = d.skipped, reason = d.reason,
@@ -269,6 +332,7 @@ impl SpoolActor {
             busy: false,
             seal_requested: false,
             counter: 0,
+            full_at: None,
         })
     }
 
@@ -283,7 +347,13 @@ impl SpoolActor {
             .create_new(true)
             .append(true)
             .open(&path)
-            .map_err(|e| SpoolError::Write(format!("{}: {e}", path.display())))?;
+            .map_err(|e| {
+                if is_disk_full(&e) {
+                    SpoolError::Full(format!("{}: {e}", path.display()))
+                } else {
+                    SpoolError::Write(format!("{}: {e}", path.display()))
+                }
+            })?;
         // Make the new directory entry durable too.
         if let Ok(dir) = File::open(&self.dir) {
             let _ = dir.sync_all();
@@ -295,11 +365,22 @@ impl SpoolActor {
         if self.busy || self.waiting.is_empty() {
             return;
         }
+        if self.state.disk_full() && self.full_at.is_some_and(|at| at.elapsed() < FULL_RETRY) {
+            let e = SpoolError::Full("new records are refused until there is room".into());
+            for append in self.waiting.drain(..) {
+                let _ = append.reply.send(Err(e.clone()));
+            }
+            return;
+        }
         let active = match self.active.take() {
             Some(active) => active,
             None => match self.new_file() {
                 Ok(active) => active,
                 Err(e) => {
+                    if matches!(e, SpoolError::Full(_)) {
+                        self.state.set_disk_full(true);
+                        self.full_at = Some(Instant::now());
+                    }
                     tracing::error!(error = %e, "cannot open a spool file");
                     for append in self.waiting.drain(..) {
                         let _ = append.reply.send(Err(e.clone()));
@@ -317,6 +398,7 @@ impl SpoolActor {
             }
         }
         self.busy = true;
+        let dir = self.dir.clone();
         let write = tokio::task::spawn_blocking(move || {
             let mut active = active;
             let result = active
@@ -330,12 +412,18 @@ impl SpoolActor {
                 }
                 Err(e) => {
                     // Cut back to the last durable record, so a half-written batch (answered
-                    // `failed`) is never replayed.
+                    // `failed`) is never replayed; a file left empty is removed.
                     let _ = active.file.set_len(active.len);
-                    (
-                        None,
-                        Err(SpoolError::Write(format!("{}: {e}", active.name))),
-                    )
+                    if active.len == 0 {
+                        let _ = std::fs::remove_file(dir.join(&active.name));
+                    }
+                    let text = format!("{}: {e}", active.name);
+                    let error = if is_disk_full(&e) {
+                        SpoolError::Full(text)
+                    } else {
+                        SpoolError::Write(text)
+                    };
+                    (None, Err(error))
                 }
             }
         });
@@ -344,8 +432,20 @@ impl SpoolActor {
             let (active, result) =
                 joined.unwrap_or_else(|e| (None, Err(SpoolError::Write(e.to_string()))));
             match &result {
-                Ok(bytes) => act.state.add_bytes(*bytes),
-                Err(e) => tracing::error!(error = %e, "spool append failed; items answered failed"),
+                Ok(bytes) => {
+                    act.state.add_bytes(*bytes);
+                    if act.state.disk_full() {
+                        tracing::info!("spool disk has room again");
+                        act.state.set_disk_full(false);
+                    }
+                }
+                Err(e) => {
+                    if matches!(e, SpoolError::Full(_)) {
+                        act.state.set_disk_full(true);
+                        act.full_at = Some(Instant::now());
+                    }
+                    tracing::error!(error = %e, "spool append failed; items answered failed")
+                }
             }
             act.active = active;
             if act.active.as_ref().is_some_and(|a| a.len >= MAX_FILE_BYTES) || act.seal_requested {

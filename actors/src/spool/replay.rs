@@ -6,6 +6,12 @@
 //! transactionIds (so dedup makes a second replay harmless). Only after the commit is confirmed
 //! does the file's watermark move (written to a temp file, fsynced, renamed); a fully replayed
 //! file is deleted. Replay pauses while maintenance mode is on.
+//!
+//! No record holds back the others: when a batch's transaction fails for a reason other than
+//! PostgreSQL being unreachable, each partition's segment is committed on its own, and each
+//! item of a segment that still fails on its own; an item PostgreSQL refuses alone
+//! ([`ITEM_ATTEMPTS`] times, so a passing lock timeout is not taken for a refusal) goes to the
+//! [`quarantine`] file, logged with its ids, and its partition's later records go on.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,12 +21,16 @@ use actix::prelude::*;
 
 use crate::error::StoreError;
 use crate::message::{Item, PartitionKey};
+use crate::spool::quarantine::{self, Quarantined};
 use crate::spool::record::{self, Record};
 use crate::spool::{done_path, read_watermark, Seal, SpoolActor, SpoolState};
 use crate::store::{SegmentStore, SegmentWrite};
 
 /// Records committed per replay transaction at most.
 pub const REPLAY_BATCH: usize = 2_000;
+
+/// Times an item is committed on its own before a refusal sends it to the quarantine.
+pub const ITEM_ATTEMPTS: usize = 3;
 
 /// A spool file being replayed: its bytes (a sealed file is at most `MAX_FILE_BYTES`), where the
 /// next record starts, and how many records are replayed. Records are decoded one batch at a
@@ -150,8 +160,41 @@ async fn replay_round<S: SegmentStore>(
         return (store, None, Round::Progress);
     }
     let writes = group(&batch);
-    match store.commit(&writes).await {
-        Ok(_) => {
+    match commit_isolating(&mut store, &writes).await {
+        Ok(refused) => {
+            if !refused.is_empty() {
+                let n = refused.len() as u64;
+                let Some(dir) = state.dir().map(std::path::Path::to_path_buf) else {
+                    return (
+                        store,
+                        Some(loaded),
+                        Round::Failed(StoreError::Transaction("spool has no directory".into())),
+                    );
+                };
+                let entries = refused.clone();
+                let saved =
+                    tokio::task::spawn_blocking(move || quarantine::append(&dir, &entries)).await;
+                if let Ok(Err(e)) | Err(e) = saved.map_err(|e| std::io::Error::other(e.to_string()))
+                {
+                    tracing::error!(error = %e, "cannot write the quarantine file; replay retries the batch");
+                    return (
+                        store,
+                        Some(loaded),
+                        Round::Failed(StoreError::Transaction(format!("quarantine: {e}"))),
+                    );
+                }
+                state.add_quarantined(n);
+                for q in &refused {
+                    tracing::error!(
+                        queue = %q.record.key.queue.escape_debug(),
+                        partition = %q.record.key.partition.escape_debug(),
+                        message_id = %q.record.item.message_id,
+                        transaction_id = %q.record.item.transaction_id.escape_debug(),
+                        error = %q.error,
+                        "spooled record refused by PostgreSQL; moved to the quarantine file"
+                    );
+                }
+            }
             let path = loaded.path.clone();
             let watermark = loaded.done + batch.len() as u64;
             let saved =
@@ -183,6 +226,76 @@ fn report_damage(path: &std::path::Path, damage: &[record::Damage]) {
         tracing::error!(file = %path.display(), at = d.at, skipped = d.skipped, reason = d.reason,
             "damaged spool data skipped (torn or corrupt record)");
     }
+}
+
+/// Commits `writes` in one transaction; when that fails for a reason other than PostgreSQL
+/// being unreachable, each segment on its own, and a segment that still fails item by item.
+/// Returns the items refused on their own (everything else is committed).
+///
+/// # Errors
+///
+/// [`StoreError::Unavailable`] as soon as PostgreSQL is unreachable (the batch is retried
+/// whole later; what did commit meanwhile is absorbed by dedup).
+async fn commit_isolating<S: SegmentStore>(
+    store: &mut S,
+    writes: &[SegmentWrite],
+) -> Result<Vec<Quarantined>, StoreError> {
+    let first = match store.commit(writes).await {
+        Ok(_) => return Ok(Vec::new()),
+        Err(e @ StoreError::Unavailable(_)) => return Err(e),
+        Err(e) => e,
+    };
+    tracing::warn!(error = %first, segments = writes.len(),
+        "spool replay batch refused; committing its partitions one by one");
+    let mut refused = Vec::new();
+    for write in writes {
+        let error = match store.commit(std::slice::from_ref(write)).await {
+            Ok(_) => continue,
+            Err(e @ StoreError::Unavailable(_)) => return Err(e),
+            Err(e) => e,
+        };
+        if write.items.len() == 1 {
+            refused.extend(refuse_alone(store, write, error).await?);
+            continue;
+        }
+        for item in &write.items {
+            let single = SegmentWrite {
+                key: write.key.clone(),
+                partition_id: None,
+                items: vec![item.clone()],
+            };
+            match store.commit(std::slice::from_ref(&single)).await {
+                Ok(_) => {}
+                Err(e @ StoreError::Unavailable(_)) => return Err(e),
+                Err(e) => refused.extend(refuse_alone(store, &single, e).await?),
+            }
+        }
+    }
+    Ok(refused)
+}
+
+/// A one-item segment refused once: tried again up to [`ITEM_ATTEMPTS`] in all; the entry for
+/// the quarantine when every try is refused.
+async fn refuse_alone<S: SegmentStore>(
+    store: &mut S,
+    single: &SegmentWrite,
+    mut error: StoreError,
+) -> Result<Option<Quarantined>, StoreError> {
+    for attempt in 1..ITEM_ATTEMPTS {
+        tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
+        match store.commit(std::slice::from_ref(single)).await {
+            Ok(_) => return Ok(None),
+            Err(e @ StoreError::Unavailable(_)) => return Err(e),
+            Err(e) => error = e,
+        }
+    }
+    Ok(Some(Quarantined {
+        record: Record {
+            key: single.key.clone(),
+            item: single.items[0].clone(),
+        },
+        error: error.to_string(),
+    }))
 }
 
 /// Groups a batch into one segment per partition, keeping file order inside each.
@@ -249,6 +362,8 @@ async fn finish_file(loaded: &Loaded, state: &SpoolState) {
     match removed {
         Ok(Ok(())) => {
             state.sub_bytes(loaded.bytes.len() as u64);
+            // Room on the spool's disk again: new spool writes may be tried.
+            state.set_disk_full(false);
             tracing::info!(file = %loaded.path.display(), records = loaded.done, "spool file replayed and removed");
         }
         Ok(Err(e)) => {

@@ -24,6 +24,8 @@ struct Shared {
     gate: Option<Semaphore>,
     /// Commit numbers (1-based) that fail as unreachable.
     failing: Mutex<HashSet<usize>>,
+    /// Payloads PostgreSQL would refuse: a commit holding one fails (not as unreachable).
+    poisoned: Mutex<HashSet<String>>,
     /// Every commit asked for, in order.
     commits: Mutex<Vec<Batch>>,
 }
@@ -54,6 +56,7 @@ fn store(gate: Option<Semaphore>) -> (FakeStore, StoreProbe) {
     let shared = Arc::new(Shared {
         gate,
         failing: Mutex::default(),
+        poisoned: Mutex::default(),
         commits: Mutex::default(),
     });
     let (tx, rx) = mpsc::unbounded_channel();
@@ -83,7 +86,7 @@ impl SegmentStore for FakeStore {
             commits.push(seen.clone());
             commits.len()
         };
-        let _ = self.started.send(seen);
+        let _ = self.started.send(seen.clone());
         if let Some(gate) = &self.shared.gate {
             gate.acquire()
                 .await
@@ -93,6 +96,16 @@ impl SegmentStore for FakeStore {
         if self.shared.failing.lock().unwrap().contains(&number) {
             return Err(StoreError::Unavailable(format!(
                 "commit {number}: connection refused"
+            )));
+        }
+        let poisoned = self.shared.poisoned.lock().unwrap();
+        if let Some(bad) = seen
+            .iter()
+            .flat_map(|(_, payloads)| payloads)
+            .find(|p| poisoned.contains(*p))
+        {
+            return Err(StoreError::Transaction(format!(
+                "commit {number}: invalid byte sequence in {bad}"
             )));
         }
         Ok(batch
@@ -123,6 +136,15 @@ impl StoreProbe {
     /// Makes commit number `n` (1-based) fail as unreachable.
     pub fn fail_commit(&self, n: usize) {
         self.shared.failing.lock().unwrap().insert(n);
+    }
+
+    /// Makes every commit holding an item with this payload fail as refused (not unreachable).
+    pub fn poison(&self, payload: &str) {
+        self.shared
+            .poisoned
+            .lock()
+            .unwrap()
+            .insert(payload.to_string());
     }
 
     /// Every commit asked for so far.
