@@ -24,7 +24,7 @@ use uuid::Uuid;
 use std::sync::Arc;
 
 use crate::storage::cache::SegmentCache;
-use crate::storage::dedup::{self, Original, Probe};
+use crate::storage::dedup::{self, Original, Probe, Secret};
 use crate::storage::error::StorageError;
 use crate::storage::{frames, partitions};
 
@@ -128,7 +128,7 @@ pub async fn commit_batch(
     loop {
         let ids = resolve_ids_except(conn, batch, &stale).await?;
         let written = match lock_partitions(conn, &ids, true).await {
-            Ok(locked) => write_locked(conn, batch, &ids, locked).await,
+            Ok((locked, secret)) => write_locked(conn, batch, &ids, locked, secret).await,
             Err(e) => Err(e),
         };
         match written {
@@ -243,8 +243,8 @@ pub async fn write_segments(
     batch: &[SegmentWrite],
     ids: &[i64],
 ) -> Result<Vec<SegmentOutcome>, WriteError> {
-    let locked = lock_partitions(tx, ids, false).await?;
-    Ok(write_locked(tx, batch, ids, locked).await?.0)
+    let (locked, secret) = lock_partitions(tx, ids, false).await?;
+    Ok(write_locked(tx, batch, ids, locked, secret).await?.0)
 }
 
 /// A segment written by [`write_locked`].
@@ -263,17 +263,19 @@ async fn lock_partitions(
     conn: &mut PgConnection,
     ids: &[i64],
     begin: bool,
-) -> Result<HashMap<i64, Locked>, WriteError> {
+) -> Result<(HashMap<i64, Locked>, Option<Secret>), WriteError> {
     let mut lock_ids = ids.to_vec();
     lock_ids.sort_unstable();
     lock_ids.dedup();
-    const LOCK: &str = "SELECT p.id, p.next_offset, q.dedup_window_seconds
+    // The dedup secret rides along: no extra round trip.
+    const LOCK: &str = "SELECT p.id, p.next_offset, q.dedup_window_seconds,
+                (SELECT secret FROM queen.dedup_secret) AS secret
            FROM queen.partitions p
            JOIN queen.queues q ON q.id = p.queue_id
           WHERE p.id = ANY($1)
           ORDER BY p.id
             FOR UPDATE OF p";
-    let rows: Vec<(i64, i64, i32)> = if begin {
+    let rows: Vec<(i64, i64, i32, Option<Vec<u8>>)> = if begin {
         let list: Vec<String> = lock_ids.iter().map(i64::to_string).collect();
         let sql = format!(
             "BEGIN; {}",
@@ -281,7 +283,12 @@ async fn lock_partitions(
         );
         let mut rows = Vec::with_capacity(lock_ids.len());
         for row in sqlx::raw_sql(&sql).fetch_all(&mut *conn).await? {
-            rows.push((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?));
+            rows.push((
+                row.try_get(0)?,
+                row.try_get(1)?,
+                row.try_get(2)?,
+                row.try_get(3)?,
+            ));
         }
         rows
     } else {
@@ -290,9 +297,13 @@ async fn lock_partitions(
             .fetch_all(&mut *conn)
             .await?
     };
+    let secret = match rows.first().and_then(|r| r.3.as_deref()) {
+        Some(bytes) => Some(Secret::from_stored(bytes)?),
+        None => None,
+    };
     let locked: HashMap<i64, Locked> = rows
         .into_iter()
-        .map(|(id, next_offset, window_secs)| {
+        .map(|(id, next_offset, window_secs, _)| {
             (
                 id,
                 Locked {
@@ -309,7 +320,7 @@ async fn lock_partitions(
             .collect();
         return Err(WriteError::Deleted(missing));
     }
-    Ok(locked)
+    Ok((locked, secret))
 }
 
 /// Everything one write statement needs, planned from the locked rows and the known hits.
@@ -336,7 +347,18 @@ async fn write_locked(
     batch: &[SegmentWrite],
     ids: &[i64],
     locked: HashMap<i64, Locked>,
+    secret: Option<Secret>,
 ) -> Result<(Vec<SegmentOutcome>, Vec<NewSegment>), WriteError> {
+    let needs_secret = ids.iter().any(|id| locked[id].window_secs > 0);
+    let secret = match secret {
+        Some(secret) => secret,
+        None if needs_secret => {
+            return Err(WriteError::Database(StorageError::Inconsistent(
+                "queen.dedup_secret is missing (migration 0005)".into(),
+            )))
+        }
+        None => Secret::from_stored(&[0; 16])?,
+    };
     let hashes: Vec<Vec<i64>> = batch
         .iter()
         .zip(ids)
@@ -345,7 +367,7 @@ async fn write_locked(
                 write
                     .items
                     .iter()
-                    .map(|i| dedup::key_hash(&i.transaction_id))
+                    .map(|i| dedup::key_hash(&secret, &i.transaction_id))
                     .collect()
             } else {
                 Vec::new()

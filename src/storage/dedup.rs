@@ -2,7 +2,12 @@
 //! offset, time), probed under the partition row lock before offsets are allocated.
 //!
 //! The hash only narrows the search: a hit is confirmed by reading the original frame and
-//! comparing the full transactionId, so dedup stays exact.
+//! comparing the full transactionId, so dedup stays exact while the original's segment exists.
+//! When it is gone (retention, still inside the window) the hash alone decides, so the hash is
+//! keyed: SipHash-2-4 under the database's own secret (`queen.dedup_secret`, migration 0005),
+//! read in the same statement that locks the partitions. Without the secret a collision
+//! cannot be crafted; by chance, two of `n` keys of one partition inside one window share a
+//! hash with probability about n² / 2^65 (10^6 keys: 2.7 · 10^-8).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -13,9 +18,54 @@ use uuid::Uuid;
 use crate::storage::error::StorageError;
 use crate::storage::frames;
 
-/// The 64-bit key hash stored in the sidecar.
-pub fn key_hash(transaction_id: &str) -> i64 {
-    xxhash_rust::xxh3::xxh3_64(transaction_id.as_bytes()) as i64
+/// The database's dedup secret (32 bytes; SipHash takes the first 16 as its key).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Secret([u8; 16]);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+impl Secret {
+    /// The secret from its stored bytes.
+    ///
+    /// # Errors
+    ///
+    /// [`StorageError::Inconsistent`] when the stored value is too short.
+    pub fn from_stored(bytes: &[u8]) -> Result<Self, StorageError> {
+        let key: [u8; 16] = bytes
+            .get(..16)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| {
+                StorageError::Inconsistent("queen.dedup_secret is shorter than 16 bytes".into())
+            })?;
+        Ok(Self(key))
+    }
+}
+
+/// The SQL expression that reads the secret (one row, made by migration 0005).
+pub const SECRET_SQL: &str = "(SELECT secret FROM queen.dedup_secret)";
+
+/// Reads the database's secret.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn secret(conn: &mut PgConnection) -> Result<Secret, StorageError> {
+    let bytes: Vec<u8> = sqlx::query_scalar(&format!("SELECT {SECRET_SQL}"))
+        .fetch_one(conn)
+        .await?;
+    Secret::from_stored(&bytes)
+}
+
+/// The 64-bit key hash stored in the sidecar: SipHash-2-4 of the transactionId under `secret`.
+pub fn key_hash(secret: &Secret, transaction_id: &str) -> i64 {
+    use std::hash::Hasher;
+    let mut h = siphasher::sip::SipHasher24::new_with_key(&secret.0);
+    h.write(transaction_id.as_bytes());
+    h.finish() as i64
 }
 
 /// One probe: this partition, this key hash, this queue's window. The probe itself runs inside

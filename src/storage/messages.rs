@@ -439,6 +439,7 @@ pub async fn find(
           WHERE p.uuid = $1"
     );
     // Sidecar first: the segments that hold offsets filed under this key's hash.
+    let secret = dedup::secret(&mut *conn).await?;
     let hinted: Vec<SegmentHead> = sqlx::query_as(&format!(
         "{head_sql}
             AND s.base_offset = ANY (ARRAY(
@@ -449,7 +450,7 @@ pub async fn find(
                  WHERE d.partition_id = p.id AND d.key_hash = $2))"
     ))
     .bind(partition)
-    .bind(dedup::key_hash(transaction_id))
+    .bind(dedup::key_hash(&secret, transaction_id))
     .fetch_all(&mut *conn)
     .await?;
     if let Some(found) = search(conn, &hinted, transaction_id).await? {

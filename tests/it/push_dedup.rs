@@ -140,3 +140,84 @@ async fn a_duplicate_of_a_removed_segment_names_the_zero_uuid() {
         "00000000-0000-0000-0000-000000000000"
     );
 }
+
+/// The sidecar hash of `key` as it was before migration 0005: unkeyed XXH3-64, which anyone
+/// can compute (and craft collisions for).
+fn unkeyed(key: &str) -> i64 {
+    xxhash_rust::xxh3::xxh3_64(key.as_bytes()) as i64
+}
+
+#[actix_web::test]
+async fn a_crafted_hash_collision_cannot_suppress_a_new_key_after_retention() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    let first = app
+        .push(json!([{ "queue": "c", "payload": 1, "transactionId": "key-A" }]))
+        .await;
+    assert_eq!(first.body[0]["status"], "queued");
+    // The sidecar row of key-A carries the hash an attacker chose key-B to collide with under
+    // the unkeyed hash; retention then removes key-A's segment inside the window.
+    let mut conn = db.conn().await;
+    sqlx::query("UPDATE queen.dedup_keys SET key_hash = $1")
+        .bind(unkeyed("key-B"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM queen.segments")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let second = app
+        .push(json!([{ "queue": "c", "payload": 2, "transactionId": "key-B" }]))
+        .await;
+    assert_eq!(
+        second.body[0]["status"], "queued",
+        "a different key is stored, not answered duplicate: {:?}",
+        second.body
+    );
+    let stored = db.stored("c", "Default").await;
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].transaction_id, "key-B");
+    // What the sidecar holds for key-B is not what anyone can compute without the secret.
+    let hash: i64 =
+        sqlx::query_scalar("SELECT key_hash FROM queen.dedup_keys WHERE msg_offset = 1")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_ne!(hash, unkeyed("key-B"));
+}
+
+async fn secret(c: &mut sqlx::PgConnection) -> Vec<u8> {
+    sqlx::query_scalar("SELECT secret FROM queen.dedup_secret")
+        .fetch_one(c)
+        .await
+        .unwrap()
+}
+
+#[actix_web::test]
+async fn every_database_gets_its_own_dedup_secret() {
+    use sqlx::Connection;
+    let db = fresh_db().await;
+    let mut conn = db.conn().await;
+    let ours = secret(&mut conn).await;
+    assert_eq!(ours.len(), 32);
+    assert_ne!(ours, vec![0u8; 32]);
+    let name = format!("queen_secret_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(&format!("CREATE DATABASE {name} TEMPLATE template0"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let url = format!("{}/{name}", db.url.rsplit_once('/').unwrap().0);
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    queen_broker::storage::MIGRATOR
+        .run(&mut other)
+        .await
+        .unwrap();
+    let theirs = secret(&mut other).await;
+    other.close().await.unwrap();
+    sqlx::query(&format!("DROP DATABASE {name}"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    assert_ne!(ours, theirs, "two databases never share a secret");
+}
