@@ -213,6 +213,12 @@ pub fn segment_workers(
         .collect()
 }
 
+/// A fixed dedup secret: the baselines hash as the broker does (keyed SipHash), and their
+/// sidecar rows are never probed by a broker.
+fn bench_secret() -> dedup::Secret {
+    dedup::Secret::from_stored(&[7; 16]).expect("16 bytes")
+}
+
 /// One baseline (1) transaction: the segment row and its sidecar rows in one statement.
 async fn insert_segment(
     conn: &mut PgConnection,
@@ -225,7 +231,7 @@ async fn insert_segment(
     let n = if dedup_on { items.len() } else { 0 };
     let hashes: Vec<i64> = items[..n]
         .iter()
-        .map(|i| dedup::key_hash(&i.transaction_id))
+        .map(|i| dedup::key_hash(&bench_secret(), &i.transaction_id))
         .collect();
     let offsets: Vec<i64> = (0..n as i64).map(|k| base + k).collect();
     sqlx::query(
@@ -272,7 +278,7 @@ async fn write_segment(
     if dedup_on {
         let hashes: Vec<i64> = items
             .iter()
-            .map(|i| dedup::key_hash(&i.transaction_id))
+            .map(|i| dedup::key_hash(&bench_secret(), &i.transaction_id))
             .collect();
         let pids = vec![pid; items.len()];
         let windows = vec![window_secs; items.len()];
