@@ -176,6 +176,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     let options = storage::connect_options(&url, &settings).map_err(|e| db_err(e.to_string()))?;
     let pool = storage::pool(options.clone(), &settings);
     let lease_pool = storage::lease_pool(options.clone(), &settings);
+    let admin_pool = storage::admin_pool(options.clone(), &settings);
     match tokio::time::timeout(settings.connect_timeout * 2, storage::migrate(&pool)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) if e.is_unreachable() => {
@@ -273,6 +274,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     let state = web::Data::new(AppState {
         registry,
         pool,
+        admin_pool,
         lease_pool,
         settings: settings.clone(),
         inflight: Arc::new(Inflight::default()),

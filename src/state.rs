@@ -61,6 +61,8 @@ pub struct AppState {
     pub registry: Registry,
     /// The shared pool.
     pub pool: PgPool,
+    /// The pool of heavy admin reads (`storage::admin_pool`).
+    pub admin_pool: PgPool,
     /// The pool of leasing pops (asynchronous commit, see `storage::lease_pool`).
     pub lease_pool: PgPool,
     /// Settings.

@@ -60,7 +60,7 @@ pub async fn list(
     let (queue, group) = (text("queue"), text("consumerGroup"));
     let (limit, offset) = (number("limit", 100).min(10_000), number("offset", 0));
     let (rows, total) = with_db(&state, async {
-        let mut conn = state.pool.acquire().await?;
+        let mut conn = state.admin_pool.acquire().await?;
         dlq::list(&mut conn, queue.as_deref(), group.as_deref(), limit, offset).await
     })
     .await?;

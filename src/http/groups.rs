@@ -34,7 +34,7 @@ fn delete_metadata(query: &HashMap<String, String>) -> bool {
 /// `GET /api/v1/consumer-groups`.
 pub async fn list(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let rows = with_db(&state, async {
-        let mut conn = state.pool.acquire().await?;
+        let mut conn = state.admin_pool.acquire().await?;
         groups::list(&mut conn).await
     })
     .await?;
@@ -70,7 +70,7 @@ pub async fn lagging(
         3600,
     )?;
     let rows = with_db(&state, async {
-        let mut conn = state.pool.acquire().await?;
+        let mut conn = state.admin_pool.acquire().await?;
         groups::lagging(&mut conn, min).await
     })
     .await?;
@@ -113,7 +113,7 @@ pub async fn get(
 ) -> Result<HttpResponse, ApiError> {
     let group = path.into_inner();
     let rows = with_db(&state, async {
-        let mut conn = state.pool.acquire().await?;
+        let mut conn = state.admin_pool.acquire().await?;
         groups::partitions(&mut conn, &group).await
     })
     .await?;

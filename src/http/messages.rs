@@ -156,7 +156,7 @@ pub async fn list(
         // A status no message can have (Queen: an empty list).
         Some(None) => Page::default(),
         status => {
-            let mut conn = state.pool.acquire().await?;
+            let mut conn = state.admin_pool.acquire().await?;
             messages::list(&mut conn, &filter, status.flatten(), offset, limit).await?
         }
     };
@@ -201,7 +201,7 @@ pub async fn detail(
     let Ok(partition) = Uuid::parse_str(&partition_id) else {
         return Err(not_found());
     };
-    let mut conn = state.pool.acquire().await?;
+    let mut conn = state.admin_pool.acquire().await?;
     let found = messages::detail(&mut conn, partition, &transaction_id)
         .await?
         .ok_or_else(not_found)?;

@@ -25,7 +25,7 @@ struct Tally {
 
 /// Every queue with its partitions' tally, in listing order (priority, then name).
 async fn tallied_queues(state: &AppState) -> Result<Vec<(Queue, Tally)>, ApiError> {
-    let mut conn = state.pool.acquire().await?;
+    let mut conn = state.admin_pool.acquire().await?;
     let all = queues::all(&mut conn).await?;
     let mut tallies: HashMap<i64, Tally> = HashMap::new();
     for p in resources::partitions(&mut conn, None).await? {
@@ -83,7 +83,7 @@ pub async fn queue_detail(
     name: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let mut conn = state.pool.acquire().await?;
+    let mut conn = state.admin_pool.acquire().await?;
     let queue = queues::find(&mut conn, &name)
         .await?
         .ok_or_else(|| ApiError::NotFound("Queue not found".into()))?;
@@ -166,7 +166,7 @@ pub async fn tasks(state: web::Data<AppState>) -> Result<HttpResponse, ApiError>
 pub async fn overview(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let queues = tallied_queues(&state).await?;
     let (ingested, (time_lag, offset_lag)) = {
-        let mut conn = state.pool.acquire().await?;
+        let mut conn = state.admin_pool.acquire().await?;
         (
             resources::ingested_per_second(&mut conn).await?,
             groups::lag_summary(&mut conn).await?,

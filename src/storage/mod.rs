@@ -87,6 +87,23 @@ pub fn lease_pool(options: PgConnectOptions, settings: &Settings) -> PgPool {
     pool(options.options([("synchronous_commit", "off")]), settings)
 }
 
+/// The pool of the heavy admin reads (`/api/v1/resources/*`, `/api/v1/messages`, the DLQ and
+/// consumer-group listings): `QUEEN_ADMIN_POOL_SIZE` connections whose statements stop after
+/// `QUEEN_ADMIN_STATEMENT_TIMEOUT_MS`. Reads that pile up wait here (and get 503 when they wait
+/// too long), so they can never take the shared pool's connections from `/health`, the
+/// write path or the background work.
+pub fn admin_pool(options: PgConnectOptions, settings: &Settings) -> PgPool {
+    let timeout = settings.admin_statement_timeout.as_millis().to_string();
+    PgPoolOptions::new()
+        .max_connections(settings.admin_pool_size.max(1))
+        .acquire_timeout(
+            settings
+                .admin_statement_timeout
+                .max(Duration::from_millis(500)),
+        )
+        .connect_lazy_with(options.options([("statement_timeout", timeout)]))
+}
+
 /// The shared pool (health, admin and background work); committers have their own connections.
 pub fn pool(options: PgConnectOptions, settings: &Settings) -> PgPool {
     PgPoolOptions::new()
