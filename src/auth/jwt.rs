@@ -53,11 +53,12 @@ impl Verifier {
         let mode = settings.algorithm;
         let wants_secret = matches!(mode, JwtAlgorithm::Hs256 | JwtAlgorithm::Auto);
         let wants_public = !matches!(mode, JwtAlgorithm::Hs256);
-        let secret = settings
-            .secret
-            .as_deref()
-            .filter(|_| wants_secret)
-            .map(|s| DecodingKey::from_secret(s.as_bytes()));
+        let secret = match settings.secret.as_deref().filter(|_| wants_secret) {
+            Some(s) => Some(DecodingKey::from_secret(s.as_bytes()).map_err(|e| {
+                ConfigError::new("JWT_SECRET", format!("is not a usable HMAC key: {e}"))
+            })?),
+            None => None,
+        };
         let (mut rsa_pem, mut ed_pem) = (None, None);
         if let Some(text) = settings.public_key.as_deref().filter(|_| wants_public) {
             match parse_public_pem(text)? {
@@ -319,8 +320,13 @@ fn describe(kind: &ErrorKind, alg: &str, mode: JwtAlgorithm) -> String {
         ErrorKind::InvalidAudience => "Invalid token audience".into(),
         ErrorKind::MissingRequiredClaim(claim) if claim == "aud" => "Invalid token audience".into(),
         ErrorKind::InvalidAlgorithm => format!("Token uses {alg}, expected {}", mode.name()),
-        // A key that does not fit (e.g. a short RSA key) fails the signature check in ring.
-        ErrorKind::InvalidRsaKey(_) | ErrorKind::InvalidKeyFormat | ErrorKind::Crypto(_) => {
+        // An `exp`/`nbf` written as a string or as a negative number (CVE-2026-25537 was the
+        // library skipping such claims; since 10.3 it refuses them, and so does `verify`).
+        ErrorKind::InvalidClaimFormat(claim) if claim == "exp" || claim == "nbf" => {
+            format!("Token decode error: {claim} is not a valid time (seconds since 1970)")
+        }
+        // A key that does not fit (e.g. a short RSA key) fails the signature check.
+        ErrorKind::InvalidRsaKey(_) | ErrorKind::InvalidKeyFormat | ErrorKind::Provider(_) => {
             "Invalid token signature".into()
         }
         other => format!(
@@ -377,7 +383,7 @@ mod tests {
         encode(
             &jsonwebtoken::Header::new(Algorithm::HS256),
             &claims,
-            &EncodingKey::from_secret(secret.as_bytes()),
+            &EncodingKey::from_secret(secret.as_bytes()).unwrap(),
         )
         .unwrap()
     }
@@ -390,11 +396,30 @@ mod tests {
         let message = format!("{}.{}", b64(&header), b64(&claims));
         let signature = jsonwebtoken::crypto::sign(
             message.as_bytes(),
-            &EncodingKey::from_secret(secret.as_bytes()),
+            &EncodingKey::from_secret(secret.as_bytes()).unwrap(),
             Algorithm::HS256,
         )
         .unwrap();
         format!("{message}.{signature}")
+    }
+
+    /// CVE-2026-25537: jsonwebtoken before 10.3 skipped an `exp`/`nbf` written as a string.
+    /// The verifier checks the claim types itself (above); this pins that the library, on its
+    /// own, refuses them too, so neither layer alone lets such a token outlive its `exp`.
+    #[test]
+    fn the_library_alone_refuses_time_claims_written_as_strings() {
+        let key = DecodingKey::from_secret(b"k").unwrap();
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.required_spec_claims.clear();
+        validation.validate_nbf = true;
+        for name in ["exp", "nbf"] {
+            let token = hs(json!({ name: (now() - 100_000).to_string() }), "k");
+            let decoded = jsonwebtoken::decode::<Map<String, Value>>(&token, &key, &validation);
+            assert!(
+                decoded.is_err(),
+                "{name} as a string must not pass: {decoded:?}"
+            );
+        }
     }
 
     #[actix_web::test]
@@ -467,12 +492,19 @@ mod tests {
         assert!(v.verify(&hs(json!({"iat": now() + 25}), "k")).await.is_ok());
         assert_eq!(
             error(&v, &hs(json!({"exp": -1}), "k")).await,
-            "Token has expired"
+            "Token decode error: exp is not a valid time (seconds since 1970)"
         );
-        for name in ["exp", "nbf", "iat"] {
+        // A time claim written as a string never lets a token outlive its `exp`: the library
+        // refuses `exp`/`nbf`, the verifier's own check refuses `iat` (and would refuse the
+        // others, were the library to let them through again).
+        for (name, text) in [
+            ("exp", "exp is not a valid time (seconds since 1970)"),
+            ("nbf", "nbf is not a valid time (seconds since 1970)"),
+            ("iat", "iat is not a number"),
+        ] {
             assert_eq!(
                 error(&v, &hs(json!({ name: (now() - 100_000).to_string() }), "k")).await,
-                format!("Token decode error: {name} is not a number")
+                format!("Token decode error: {text}")
             );
         }
         assert_eq!(

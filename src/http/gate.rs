@@ -263,7 +263,7 @@ mod tests {
         encode(
             &Header::new(Algorithm::HS256),
             &claims,
-            &EncodingKey::from_secret(b"k"),
+            &EncodingKey::from_secret(b"k").unwrap(),
         )
         .unwrap()
     }

@@ -60,7 +60,7 @@ async fn rs256_with_a_pem_key_refuses_other_algorithms_and_other_keys() {
         Algorithm::HS256,
         None,
         &c,
-        &EncodingKey::from_secret(rsa.public_pem.as_bytes()),
+        &EncodingKey::from_secret(rsa.public_pem.as_bytes()).unwrap(),
     );
     assert_eq!(
         refused(&app, &confused).await,
@@ -110,7 +110,7 @@ async fn eddsa_with_a_pem_key_written_on_one_line() {
         Algorithm::HS256,
         None,
         &c,
-        &EncodingKey::from_secret(SECRET.as_bytes()),
+        &EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
     );
     assert_eq!(refused(&app, &hs).await, "Token uses HS256, expected EdDSA");
     let other = EdPair::generate();
@@ -151,7 +151,7 @@ async fn auto_with_a_jwks_selects_by_kid_caches_and_follows_a_rotation() {
             Algorithm::HS256,
             None,
             &c,
-            &EncodingKey::from_secret(SECRET.as_bytes()),
+            &EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
         ),
     ];
     for token in &ok {

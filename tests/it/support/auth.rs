@@ -46,7 +46,7 @@ pub fn hs256(claims: &Value) -> String {
         Algorithm::HS256,
         None,
         claims,
-        &EncodingKey::from_secret(SECRET.as_bytes()),
+        &EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
     )
 }
 
