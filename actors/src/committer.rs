@@ -121,7 +121,7 @@ impl<S: SegmentStore> Committer<S> {
             );
             let results: Vec<Result<SegmentOutcome, StoreError>> = match result {
                 Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
-                Err(StoreError::Transaction(e)) if writes.len() > 1 => {
+                Err(StoreError::Transaction(e) | StoreError::Refused(e)) if writes.len() > 1 => {
                     tracing::warn!(committer = id, error = %e, segments = writes.len(),
                         "commit refused; committing its segments one by one");
                     let mut each = Vec::with_capacity(writes.len());

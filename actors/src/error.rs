@@ -25,4 +25,8 @@ pub enum StoreError {
     /// The transaction failed for another reason (its outcome may be unknown).
     #[error("commit transaction failed: {0}")]
     Transaction(String),
+    /// PostgreSQL refused a value of the batch (a data exception or an integrity violation):
+    /// the items' fault, not the database's; retried alone, a refused item is quarantined.
+    #[error("commit refused by PostgreSQL: {0}")]
+    Refused(String),
 }

@@ -94,11 +94,14 @@ impl SegmentStore for PgStore {
     }
 }
 
-/// Sorts a storage error into "unreachable" (the items are spooled) and "this transaction
-/// failed", by [`StorageError::is_unreachable`].
+/// Sorts a storage error into "unreachable" (the items are spooled), "a value was refused"
+/// ([`StorageError::is_refused_value`]: retried alone, quarantined by replay) and "this
+/// transaction failed", by [`StorageError::is_unreachable`].
 pub fn classify(e: StorageError) -> StoreError {
     if e.is_unreachable() {
         StoreError::Unavailable(e.to_string())
+    } else if e.is_refused_value() {
+        StoreError::Refused(e.to_string())
     } else {
         StoreError::Transaction(e.to_string())
     }

@@ -75,6 +75,14 @@ impl StorageError {
         }
     }
 
+    /// Whether PostgreSQL refused a value (SQLSTATE class 22, data exception, e.g. 22021 a NUL
+    /// byte in text; class 23, integrity constraint violation): the data's fault, which
+    /// retrying the same data cannot fix. Missing tables, locks, deadlocks and the like are not.
+    pub fn is_refused_value(&self) -> bool {
+        self.sqlstate()
+            .is_some_and(|c| c.starts_with("22") || c.starts_with("23"))
+    }
+
     /// The SQLSTATE of a database error, if PostgreSQL sent one.
     pub fn sqlstate(&self) -> Option<String> {
         match self {

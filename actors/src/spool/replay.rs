@@ -7,11 +7,11 @@
 //! does the file's watermark move (written to a temp file, fsynced, renamed); a fully replayed
 //! file is deleted. Replay pauses while maintenance mode is on.
 //!
-//! No record holds back the others: when a batch's transaction fails for a reason other than
-//! PostgreSQL being unreachable, each partition's segment is committed on its own, and each
-//! item of a segment that still fails on its own; an item PostgreSQL refuses alone
-//! ([`ITEM_ATTEMPTS`] times, so a passing lock timeout is not taken for a refusal) goes to the
-//! [`quarantine`] file, logged with its ids, and its partition's later records go on.
+//! No record holds back the others: when a batch's transaction is refused for a value in it
+//! ([`StoreError::Refused`]: a data exception or an integrity violation, never a missing table
+//! or a lock), each partition's segment is committed on its own, and each item of a segment
+//! that still fails on its own; an item PostgreSQL refuses alone [`ITEM_ATTEMPTS`] times goes
+//! to the [`quarantine`] file, logged with its ids, and its partition's later records go on.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -234,16 +234,19 @@ fn report_damage(path: &std::path::Path, damage: &[record::Damage]) {
 ///
 /// # Errors
 ///
-/// [`StoreError::Unavailable`] as soon as PostgreSQL is unreachable (the batch is retried
-/// whole later; what did commit meanwhile is absorbed by dedup).
+/// Any error other than [`StoreError::Refused`] (PostgreSQL unreachable, a table missing, a
+/// lock timeout): the batch is retried whole later; what did commit meanwhile is absorbed by
+/// dedup.
 async fn commit_isolating<S: SegmentStore>(
     store: &mut S,
     writes: &[SegmentWrite],
 ) -> Result<Vec<Quarantined>, StoreError> {
     let first = match store.commit(writes).await {
         Ok(_) => return Ok(Vec::new()),
-        Err(e @ StoreError::Unavailable(_)) => return Err(e),
-        Err(e) => e,
+        Err(e @ StoreError::Refused(_)) => e,
+        // Unreachable, or a failure that is not the data's (a missing table before the
+        // migrations ran, a lock timeout): the batch is retried whole with back-off.
+        Err(e) => return Err(e),
     };
     tracing::warn!(error = %first, segments = writes.len(),
         "spool replay batch refused; committing its partitions one by one");
@@ -251,8 +254,8 @@ async fn commit_isolating<S: SegmentStore>(
     for write in writes {
         let error = match store.commit(std::slice::from_ref(write)).await {
             Ok(_) => continue,
-            Err(e @ StoreError::Unavailable(_)) => return Err(e),
-            Err(e) => e,
+            Err(e @ StoreError::Refused(_)) => e,
+            Err(e) => return Err(e),
         };
         if write.items.len() == 1 {
             refused.extend(refuse_alone(store, write, error).await?);
@@ -266,8 +269,10 @@ async fn commit_isolating<S: SegmentStore>(
             };
             match store.commit(std::slice::from_ref(&single)).await {
                 Ok(_) => {}
-                Err(e @ StoreError::Unavailable(_)) => return Err(e),
-                Err(e) => refused.extend(refuse_alone(store, &single, e).await?),
+                Err(e @ StoreError::Refused(_)) => {
+                    refused.extend(refuse_alone(store, &single, e).await?)
+                }
+                Err(e) => return Err(e),
             }
         }
     }
@@ -285,8 +290,8 @@ async fn refuse_alone<S: SegmentStore>(
         tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
         match store.commit(std::slice::from_ref(single)).await {
             Ok(_) => return Ok(None),
-            Err(e @ StoreError::Unavailable(_)) => return Err(e),
-            Err(e) => error = e,
+            Err(e @ StoreError::Refused(_)) => error = e,
+            Err(e) => return Err(e),
         }
     }
     Ok(Some(Quarantined {

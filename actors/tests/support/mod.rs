@@ -104,7 +104,7 @@ impl SegmentStore for FakeStore {
             .flat_map(|(_, payloads)| payloads)
             .find(|p| poisoned.contains(*p))
         {
-            return Err(StoreError::Transaction(format!(
+            return Err(StoreError::Refused(format!(
                 "commit {number}: invalid byte sequence in {bad}"
             )));
         }
