@@ -216,7 +216,14 @@ async fn statements_that_fail_are_not_unreachable() {
     let e = failing(&mut conn, "SELECT 1 / 0").await;
     assert_eq!(e.sqlstate().as_deref(), Some("22012"));
     assert_classified(e, false);
+    // A data exception is the data's fault: refused (quarantined by replay when alone).
     let e = failing(&mut conn, "SELECT 1 / 0").await;
+    assert!(matches!(commit::classify(e), StoreError::Refused(_)));
+    let e = failing(&mut conn, "SELECT E'a\\x00b'::text").await;
+    assert_eq!(e.sqlstate().as_deref(), Some("22021"));
+    assert!(matches!(commit::classify(e), StoreError::Refused(_)));
+    // A statement that is wrong is not the data's fault: the transaction failed.
+    let e = failing(&mut conn, "SELEKT 1").await;
     assert!(matches!(commit::classify(e), StoreError::Transaction(_)));
 
     // A lock timeout: someone else holds the row, we give up waiting. Not an outage.
@@ -232,6 +239,10 @@ async fn statements_that_fail_are_not_unreachable() {
         .expect("set");
     let e = failing(&mut conn, "SELECT count(*) FROM queen.partitions").await;
     assert_eq!(e.sqlstate().as_deref(), Some("55P03"));
+    assert!(
+        !e.is_refused_value(),
+        "a lock timeout is not the data's fault"
+    );
     assert_classified(e, false);
     tx.rollback().await.expect("rollback");
 
