@@ -10,6 +10,7 @@ mod ack_basic;
 mod auth_keys;
 mod auth_matrix;
 mod auth_producer_sub;
+mod chaos;
 mod codec_props;
 mod configure_contract;
 mod consume_cache;
