@@ -10,6 +10,7 @@
 //! `QUEEN_CHAOS_MESSAGES=10000000 cargo test --release --test it chaos:: -- --nocapture`.
 
 use std::collections::HashSet;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,7 +31,7 @@ fn messages_wanted() -> usize {
 }
 
 /// Pushes one partition's keys in order, each batch retried until every item is accepted.
-async fn produce(apps: Arc<Vec<TestApp>>, partition: usize, count: usize) -> usize {
+async fn produce(apps: Rc<Vec<TestApp>>, partition: usize, count: usize) -> usize {
     let mut retries = 0;
     let mut seq = 0;
     while seq < count {
@@ -72,7 +73,7 @@ struct Consumed {
 }
 
 /// Pops and acks until told to stop and nothing is left.
-async fn consume(apps: Arc<Vec<TestApp>>, done: Arc<AtomicBool>, seen: Arc<Mutex<Consumed>>) {
+async fn consume(apps: Rc<Vec<TestApp>>, done: Arc<AtomicBool>, seen: Arc<Mutex<Consumed>>) {
     let mut turn = 0usize;
     let mut idle_after_done = 0;
     loop {
@@ -127,7 +128,7 @@ async fn consume(apps: Arc<Vec<TestApp>>, done: Arc<AtomicBool>, seen: Arc<Mutex
 }
 
 /// Injects faults until `done`: terminate every broker connection, toggle maintenance mode.
-async fn inject(db_url: String, apps: Arc<Vec<TestApp>>, done: Arc<AtomicBool>) -> (usize, usize) {
+async fn inject(db_url: String, apps: Rc<Vec<TestApp>>, done: Arc<AtomicBool>) -> (usize, usize) {
     use sqlx::Connection;
     let (mut terminations, mut toggles) = (0, 0);
     let mut round = 0;
@@ -163,7 +164,7 @@ async fn chaos_nothing_lost_nothing_twice_order_kept() {
     for _ in 0..3 {
         apps.push(spawn_app_with(test_settings(&db, &[("QUEEN_FLAG_POLL_MS", "100")])).await);
     }
-    let apps = Arc::new(apps);
+    let apps = Rc::new(apps);
     let started = Instant::now();
     let producing = Arc::new(AtomicBool::new(false));
     let consumed = Arc::new(Mutex::new(Consumed::default()));
