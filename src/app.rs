@@ -17,6 +17,7 @@ use broker_actors::spool::{SpoolActor, SpoolError, SpoolHandle, SpoolState};
 use sqlx::PgPool;
 
 use crate::http::{Gate, Gatekeeper};
+use crate::metrics::Metrics;
 use crate::pg::{ClusterError, PrivateCluster};
 use crate::settings::Settings;
 use crate::state::{read_flags, AppState, Flags, Inflight};
@@ -99,7 +100,6 @@ impl Broker {
 /// [`StartError`] when a dependency is unusable.
 pub async fn run(settings: Settings) -> Result<(), StartError> {
     let mut broker = start(settings).await?;
-    tracing::info!(port = broker.port, "queen-broker listening");
     let server = broker
         .server
         .take()
@@ -188,6 +188,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     let committer_arbiter = Arbiter::new();
     let partition_arbiter = Arbiter::new();
     let cache = Arc::new(SegmentCache::new(settings.segment_cache_bytes));
+    let metrics = Arc::new(Metrics::new(settings.metrics));
     let mut committers = Vec::with_capacity(settings.committers);
     for id in 0..settings.committers {
         let load = Arc::new(AtomicUsize::new(0));
@@ -198,8 +199,9 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         )
         .with_cache(cache.clone());
         let counter = load.clone();
+        let observer = metrics.clone();
         let addr = Committer::start_in_arbiter(&committer_arbiter.handle(), move |_| {
-            Committer::new(id, store, counter, CommitterLimits::default())
+            Committer::new(id, store, counter, CommitterLimits::default()).with_observer(observer)
         });
         committers.push((addr.recipient(), load));
     }
@@ -282,6 +284,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         wake: hub,
         broker_id: format!("broker-{}", uuid::Uuid::new_v4().simple()),
         cache,
+        metrics,
     });
     let data = state.clone();
     let addr = format!("{}:{}", settings.host, settings.port);
@@ -291,6 +294,10 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
             // The gate runs inside the CORS headers, so its 401/403/404 answers carry them.
             .wrap(Gate::new(gatekeeper.clone()))
             .wrap(crate::http::cors_headers())
+            // Outermost: every answer (the gate's too) gets a request id and is counted.
+            .wrap(actix_web::middleware::from_fn(
+                crate::http::observe::observe,
+            ))
             .configure(crate::http::configure)
     })
     .workers(settings.workers)
@@ -302,6 +309,16 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     })?;
     let port = server.addrs().first().map_or(settings.port, |a| a.port());
     let server = server.run();
+    tracing::info!(
+        host = %settings.host,
+        port,
+        db_host = %options.get_host(),
+        db_port = options.get_port(),
+        database = %options.get_database().unwrap_or("(the user's name)"),
+        private_database = private_cluster.is_some(),
+        metrics = settings.metrics,
+        "queen-broker listening"
+    );
     Ok(Broker {
         port,
         handle: server.handle(),

@@ -156,6 +156,7 @@ macro_rules! variables {
 }
 
 const LOG_LEVELS: &[&str] = &["trace", "debug", "info", "warn", "error", "off"];
+const LOG_FORMATS: &[&str] = &["text", "json"];
 const ALGORITHMS: &[&str] = &["HS256", "RS256", "EdDSA", "auto"];
 
 /// The default of `JWT_SKIP_PATHS`.
@@ -169,6 +170,8 @@ variables! {
     QUEEN_MAX_BODY_BYTES, "queen_max_body_bytes", Value("67108864"), Count, "larger request bodies get 413";
     QUEEN_MAX_INFLIGHT_BYTES, "queen_max_inflight_bytes", Value("268435456"), Count, "request bytes held by the write path before 503 + `Retry-After`";
     LOG_LEVEL, "log_level", Value("info"), Choice(super::LOG_LEVELS), "log level; `RUST_LOG` refines it";
+    LOG_FORMAT, "log_format", Value("text"), Choice(super::LOG_FORMATS), "log lines as text, or one JSON object per line";
+    QUEEN_METRICS, "queen_metrics", Value("true"), Bool, "count requests, messages and commits for `/metrics` (`false` leaves the counters and histograms at zero; gauges are still read)";
     QUEEN_CONFIG, -, Absent("`config/queen.toml` when present"), Path, "the TOML file read under the environment";
     DATABASE_URL, "database_url", Absent(""), Url(&["postgres://", "postgresql://"]), "PostgreSQL URL; wins over the `PG_*` variables";
     PG_HOST, "pg_host", Value("localhost"), Text, "PostgreSQL host";
@@ -247,6 +250,130 @@ pub fn markdown_table_of(keep: impl Fn(&Variable) -> bool) -> String {
         out += &format!("| `{}` | {default} | {meaning} |\n", v.name);
     }
     out
+}
+
+/// The command-line flag of a variable, without the dashes: `port` for `PORT`, `config` for
+/// `QUEEN_CONFIG`.
+pub fn flag_of(v: &Variable) -> String {
+    if v.name == var::QUEEN_CONFIG.name {
+        "config".into()
+    } else {
+        v.name.to_ascii_lowercase().replace('_', "-")
+    }
+}
+
+/// What `--help` shows as a flag's value.
+fn value_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Text | Kind::List => "TEXT",
+        Kind::Secret => "SECRET",
+        Kind::Path => "PATH",
+        Kind::Port => "PORT",
+        Kind::Count => "N",
+        Kind::Millis => "MS",
+        Kind::Seconds | Kind::SecondsOrZero => "SECONDS",
+        Kind::Bytes => "BYTES",
+        Kind::Bool => "true|false",
+        Kind::Choice(_) => "WORD",
+        Kind::Url(_) => "URL",
+    }
+}
+
+/// The command line, generated from [`VARIABLES`]: one `--flag VALUE` per variable (with the
+/// variable's name, default and meaning as its help), plus `--help` and `--version`.
+pub fn command() -> clap::Command {
+    let mut cmd = clap::Command::new("queen-broker")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about(env!("CARGO_PKG_DESCRIPTION"))
+        .after_help(
+            "Every setting is read from its flag, else its environment variable, else the \
+             config file (--config, TOML, keys are the variables' names in any case), else its \
+             default. docs/operations.md describes them.",
+        );
+    for v in VARIABLES {
+        let mut help = v.help.replace('`', "");
+        match v.kind {
+            Kind::Choice(words) | Kind::Url(words) => help += &format!(" ({})", or_list(words, "")),
+            Kind::List => help += " (comma-separated)",
+            _ => {}
+        }
+        help += &format!(
+            " [env: {}] [default: {}]",
+            v.name,
+            v.default_text().replace('`', "")
+        );
+        cmd = cmd.arg(
+            clap::Arg::new(v.name)
+                .long(flag_of(v))
+                .value_name(value_name(v.kind))
+                .help(help)
+                .num_args(1)
+                .action(clap::ArgAction::Set),
+        );
+    }
+    cmd
+}
+
+/// Why the command line could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandLineError {
+    /// An unknown flag, a missing value, or `--help`/`--version` (which clap answers itself:
+    /// [`clap::Error::exit`] prints and exits 0 for those, 2 otherwise).
+    #[error("{0}")]
+    Args(#[from] clap::Error),
+    /// A value that does not parse.
+    #[error("{0}")]
+    Settings(#[from] SettingsError),
+}
+
+impl Settings {
+    /// Reads the command line over `env` (a flag wins over its variable): `args` includes the
+    /// program name, as `std::env::args_os()` gives it.
+    ///
+    /// # Errors
+    ///
+    /// [`CommandLineError::Args`] for an unknown flag, a missing value, `--help` or
+    /// `--version`; [`CommandLineError::Settings`] naming the flag and its variable when a
+    /// value is unusable.
+    pub fn from_command_line<I, T>(
+        args: I,
+        mut env: HashMap<String, String>,
+    ) -> Result<Self, CommandLineError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let matches = command().try_get_matches_from(args)?;
+        let mut given = Vec::new();
+        for v in VARIABLES {
+            if let Some(value) = matches.get_one::<String>(v.name) {
+                env.insert(v.name.to_string(), value.clone());
+                given.push(v);
+            }
+        }
+        Self::from_map(env).map_err(|e| {
+            match e {
+                SettingsError::Invalid {
+                    name,
+                    value,
+                    reason,
+                } => match given.iter().find(|v| v.name == name) {
+                    Some(v) => SettingsError::Invalid {
+                        name: format!("--{} ({name})", flag_of(v)),
+                        value,
+                        reason,
+                    },
+                    None => SettingsError::Invalid {
+                        name,
+                        value,
+                        reason,
+                    },
+                },
+                other => other,
+            }
+            .into()
+        })
+    }
 }
 
 /// Where PostgreSQL is, as configured.
@@ -380,6 +507,10 @@ pub struct Settings {
     pub workers: usize,
     /// Log level.
     pub log_level: String,
+    /// `true`: one JSON object per log line.
+    pub log_json: bool,
+    /// Whether counters and histograms are recorded.
+    pub metrics: bool,
     /// Authentication (`JWT_*`).
     pub jwt: JwtSettings,
 }
@@ -739,6 +870,8 @@ impl Settings {
             file_buffer_dir: PathBuf::from(src.required(&FILE_BUFFER_DIR)?),
             workers: src.opt_count(&NUM_WORKERS)?.unwrap_or(cores as u64) as usize,
             log_level: src.choice(&LOG_LEVEL)?.to_string(),
+            log_json: src.choice(&LOG_FORMAT)? == "json",
+            metrics: src.flag(&QUEEN_METRICS)?,
             jwt: jwt_settings(src)?,
         })
     }
@@ -1116,5 +1249,57 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("DATABASE_URL") && !err.contains("pw"), "{err}");
+    }
+
+    #[test]
+    fn the_command_line_is_the_table() {
+        let help = command().render_long_help().to_string();
+        for v in VARIABLES {
+            assert!(
+                help.contains(&format!("--{} ", flag_of(v))) && help.contains(v.name),
+                "--help does not show {}:\n{help}",
+                v.name
+            );
+        }
+        assert!(help.contains("[default: 6632]"), "{help}");
+        assert_eq!(command().get_arguments().count(), VARIABLES.len());
+    }
+
+    #[test]
+    fn a_flag_wins_over_its_variable_and_config_names_the_file() {
+        let s = Settings::from_command_line(
+            ["queen-broker", "--port", "7001", "--log-format", "json"],
+            env(&[("PORT", "7000")]),
+        )
+        .unwrap();
+        assert_eq!(s.port, 7001);
+        assert!(s.log_json);
+        let err = Settings::from_command_line(
+            ["queen-broker", "--config", "/nonexistent/queen.toml"],
+            HashMap::new(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("/nonexistent/queen.toml"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_argument_is_named() {
+        let err = Settings::from_command_line(["queen-broker", "--port", "http"], env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--port (PORT)") && err.contains("http"),
+            "{err}"
+        );
+        let err =
+            Settings::from_command_line(["queen-broker", "--prot", "1"], env(&[])).unwrap_err();
+        assert!(matches!(err, CommandLineError::Args(_)));
+        assert!(err.to_string().contains("--prot"), "{err}");
+        let help = Settings::from_command_line(["queen-broker", "--help"], env(&[])).unwrap_err();
+        match help {
+            CommandLineError::Args(e) => assert_eq!(e.exit_code(), 0),
+            other => panic!("--help: {other}"),
+        }
     }
 }

@@ -13,6 +13,7 @@ use broker_actors::registry::Registry;
 use broker_actors::spool::SpoolHandle;
 use sqlx::PgPool;
 
+use crate::metrics::Metrics;
 use crate::settings::Settings;
 use crate::storage::cache::SegmentCache;
 use crate::storage::{system, StorageError};
@@ -79,6 +80,8 @@ pub struct AppState {
     pub broker_id: String,
     /// Committed segments and handed-out lease ranges this broker knows (consume path).
     pub cache: Arc<SegmentCache>,
+    /// This broker's metrics registry.
+    pub metrics: Arc<Metrics>,
 }
 
 /// Bytes currently admitted (for metrics and tests).

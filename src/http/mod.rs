@@ -17,6 +17,8 @@ pub mod lease;
 pub mod maintenance;
 pub mod messages;
 pub mod metrics;
+pub mod observe;
+pub mod openapi;
 pub mod pop;
 pub mod push;
 pub mod resources;
@@ -98,7 +100,17 @@ pub fn routes() -> Vec<Route> {
         Route::new(Method::GET, "/api/v1/system/maintenance/pop", Capability::Admin, |r| r.to(maintenance::get_pop)),
         Route::new(Method::POST, "/api/v1/system/maintenance/pop", Capability::Admin, |r| r.to(maintenance::set_pop)),
         Route::new(Method::GET, "/api/v1/system/shared-state", Capability::Admin, |r| r.to(maintenance::shared_state)),
+        Route::new(Method::GET, "/api/v1/openapi.json", Capability::Public, |r| r.to(openapi_json)),
     ]
+}
+
+/// `GET /api/v1/openapi.json`: the OpenAPI document of [`routes`] ([`openapi`]), built once.
+async fn openapi_json() -> HttpResponse {
+    static DOCUMENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let body = DOCUMENT.get_or_init(|| openapi::document(&routes()).to_string());
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(body.as_str())
 }
 
 /// Registers every route of [`routes`] with its handler.

@@ -181,6 +181,7 @@ async fn serve(
         })
         .await?;
         if let Some(popped) = popped {
+            state.metrics.popped(&popped);
             if params.wait {
                 state.wake.pass_on(&key);
             }

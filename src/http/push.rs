@@ -108,6 +108,9 @@ pub async fn push(
     drop(bytes);
     let items = mint(&parsed, caller.producer_sub());
     let results = push_items(&state, &parsed, items).await?;
+    state
+        .metrics
+        .pushed(results.iter().map(|r| r.status.as_str()));
     // The one push whose trouble shows in the status: maintenance mode with a failed spool write.
     if state.spool.state.maintenance() && results.iter().any(|r| r.status == "failed") {
         return Ok(HttpResponse::InternalServerError().json(results));

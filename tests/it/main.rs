@@ -19,6 +19,7 @@ mod lease_basic;
 mod longpoll_basic;
 mod maintenance;
 mod messages_routes;
+mod observability;
 mod outage_cluster;
 mod outage_proxy;
 mod pop_basic;
