@@ -9,7 +9,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
-bench=$target/release/queen-bench
+bench=$target/release/bench
 rounds=${ROUNDS:-5}
 out=$(mktemp -d -t queen-metrics-cost-XXXXXX)
 trap 'rm -rf "$out"' EXIT
