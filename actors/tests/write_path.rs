@@ -239,7 +239,7 @@ async fn a_push_on_its_way_to_an_idle_actor_is_not_lost() {
 #[actix::test]
 async fn a_failed_commit_goes_to_the_spool_and_is_answered_buffered() {
     let (store, probe) = open_store();
-    probe.fail_commit(2);
+    probe.fail_commit(1);
     let spool = TempSpool::open();
     let state = spool.handle.state.clone();
     let registry = registry(
@@ -289,7 +289,7 @@ async fn a_failed_commit_goes_to_the_spool_and_is_answered_buffered() {
 #[actix::test]
 async fn without_a_spool_a_failed_commit_is_an_error_for_the_producer() {
     let (store, probe) = open_store();
-    probe.fail_commit(2);
+    probe.fail_commit(1);
     let registry = registry(store, PartitionLimits::default(), None);
     let key = PartitionKey::new("q", "p");
     match registry.push(&key, items(&["a"])).await {
