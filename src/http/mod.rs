@@ -100,7 +100,7 @@ pub fn routes() -> Vec<Route> {
         Route::new(Method::GET, "/api/v1/system/maintenance/pop", Capability::Admin, |r| r.to(maintenance::get_pop)),
         Route::new(Method::POST, "/api/v1/system/maintenance/pop", Capability::Admin, |r| r.to(maintenance::set_pop)),
         Route::new(Method::GET, "/api/v1/system/shared-state", Capability::Admin, |r| r.to(maintenance::shared_state)),
-        Route::new(Method::GET, "/api/v1/openapi.json", Capability::Public, |r| r.to(openapi_json)),
+        Route::new(Method::GET, "/api/v1/openapi.json", Capability::Read, |r| r.to(openapi_json)),
     ]
 }
 
