@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::support::consuming::{ack_one, messages, pop};
+use crate::support::consuming::{ack_one, messages, pop, pop_partition};
 use crate::support::{fresh_db, spawn_app, TestApp};
 
 const BROKER: &str = env!("CARGO_BIN_EXE_queen-broker");
@@ -73,7 +73,7 @@ async fn counters_move_by_exactly_what_a_known_sequence_produces() {
     assert_eq!(r.body[0]["status"], "duplicate", "{:?}", r.body);
 
     // Pop the three messages of partition a; ack two completed, the third failed.
-    let popped = pop(&app, "obs", "batch=3").await;
+    let popped = pop_partition(&app, "obs", "a", "batch=3").await;
     let list = messages(&popped);
     assert_eq!(list.len(), 3, "{:?}", popped.body);
     for m in &list[..2] {
@@ -123,8 +123,17 @@ async fn counters_move_by_exactly_what_a_known_sequence_produces() {
     };
     assert_eq!(http("/api/v1/push", "POST", "2xx"), 2.0);
     assert_eq!(http("/api/v1/ack", "POST", "2xx"), 3.0);
-    assert_eq!(http("/api/v1/pop/queue/{queue}", "GET", "2xx"), 2.0); // one 200, one 204
-                                                                      // The first scrape is counted; this one is not yet.
+    // One 200 on the partition route, one 204 on the queue route.
+    assert_eq!(
+        http(
+            "/api/v1/pop/queue/{queue}/partition/{partition}",
+            "GET",
+            "2xx"
+        ),
+        1.0
+    );
+    assert_eq!(http("/api/v1/pop/queue/{queue}", "GET", "2xx"), 1.0);
+    // The first scrape is counted; this one is not yet.
     assert_eq!(http("/metrics/prometheus", "GET", "2xx"), 1.0);
 
     // Histograms: every item went through a committer once (the duplicate too).
