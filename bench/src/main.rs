@@ -148,6 +148,11 @@ struct Args {
     /// broker's commit log); costs a little throughput.
     #[arg(long)]
     profile: bool,
+    /// Record a CPU profile of the whole machine (`perf record -a -g`, Debian's linux-perf)
+    /// during each consuming window, one file per scenario and round in DIR
+    /// (`perf report -i FILE --sort comm,dso`).
+    #[arg(long, value_name = "DIR")]
+    perf: Option<PathBuf>,
     /// Print how long each setup step takes.
     #[arg(short, long)]
     verbose: bool,
@@ -190,6 +195,7 @@ struct Options {
     prefill: u64,
     paced: Vec<u32>,
     wakeups: usize,
+    perf: Option<PathBuf>,
 }
 
 /// The parts of the bench.
@@ -238,6 +244,7 @@ impl Options {
             prefill: a.prefill,
             paced: a.paced,
             wakeups: a.wakeups,
+            perf: a.perf.clone(),
         };
         if o.rounds == 0
             || o.connections == 0
@@ -472,6 +479,7 @@ async fn run_on(
         consumers: o.consumers,
         prefill: o.prefill,
         wakeups: o.wakeups,
+        perf_dir: o.perf.clone(),
     };
     if o.suites.contains(&Suite::Spool) && !server.can_stop() {
         eprintln!(

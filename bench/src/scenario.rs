@@ -126,6 +126,9 @@ pub struct Params {
     pub prefill: u64,
     /// Long-poll wake-up samples per round.
     pub wakeups: usize,
+    /// Record a CPU profile of the whole machine (`perf record -a -g`) during each consuming
+    /// window into this folder.
+    pub perf_dir: Option<PathBuf>,
 }
 
 /// Prints how long a setup step took (with `--verbose`).
