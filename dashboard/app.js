@@ -553,7 +553,7 @@ async function groupsPage() {
     const base = `/api/v1/consumer-groups/${enc(g.name)}/queues/${enc(g.queueName)}`;
     const label = `${groupName(g.name)} on ${g.queueName}`;
     const when = h("input", { type: "datetime-local", id: `seek-time-${i}`, "aria-label": `Seek time for ${label} (UTC)`, step: 1 });
-    const actions = h("td", { class: "actions" },
+    const actions = h("td", {}, h("div", { class: "actions" },
       can("configure") ? [
         h("button", { type: "button", "aria-label": `Seek ${label} to the end`, onclick: () => act(`Seek ${label} to end`, () => api(`${base}/seek`, { method: "POST", body: { toEnd: true } })) }, "Seek to end"),
         when,
@@ -572,7 +572,7 @@ async function groupsPage() {
             await act(`Delete ${label}`, () => api(base, { method: "DELETE" }));
           }
         },
-      }, "Delete") : null);
+      }, "Delete") : null));
     const backlog = lag.get(`${g.name}\u0000${g.queueName}`) || 0;
     return h("tr", { "data-group": g.name, "data-queue": g.queueName },
       h("th", { scope: "row" }, groupName(g.name)),
