@@ -220,8 +220,12 @@ function parseHash() {
   return { parts, query: new URLSearchParams(query || "") };
 }
 
+// Each render's number: a slow answer for a page already left is dropped.
+let renders = 0;
+
 async function route() {
   stopRefresh();
+  const mine = ++renders;
   if (!access) return boot();
   const { parts, query } = parseHash();
   const section = parts[0] || "overview";
@@ -246,6 +250,7 @@ async function route() {
   }
   try {
     const content = await view();
+    if (mine !== renders) return;
     if (content) {
       const focused = document.activeElement && document.activeElement.id;
       main.replaceChildren(...content);
@@ -253,6 +258,7 @@ async function route() {
     }
     setStatus(`Updated ${new Date().toLocaleTimeString()}`);
   } catch (e) {
+    if (mine !== renders) return;
     if (e instanceof AuthNeeded) {
       sessionStorage.removeItem(TOKEN_KEY);
       access = null;

@@ -244,6 +244,7 @@ test("a dead letter appears with its reason", async () => {
 
 test("consumer groups: seek to the end, and delete only after confirming", async () => {
   await page.goto(`${base}/#/groups`);
+  await waitText("h1", (t) => t === "Consumer groups", "groups page");
   const row = 'tr[data-group="web-billing"][data-queue="web-orders"]';
   await waitText(`${row} td:nth-of-type(3)`, (t) => t === "1", "backlog before the seek");
   await shot("groups");
@@ -304,9 +305,11 @@ test("a read-only token sees the data but no toggles or actions", async () => {
     assert.equal(await reader.locator("#toggle-maintenance, #toggle-pop-maintenance").count(), 0);
     await reader.screenshot({ path: join(SHOTS, "overview-read-only.png"), fullPage: true });
     await reader.goto(`${base}/#/groups`);
+    await reader.locator("h1", { hasText: "Consumer groups" }).waitFor({ timeout: WAIT });
     await reader.locator('tr[data-group="web-risk"]').waitFor({ timeout: WAIT });
     assert.equal(await reader.locator("main button").count(), 0, "no seek or delete");
     await reader.goto(`${base}/#/maintenance`);
+    await reader.locator("h1", { hasText: "Maintenance" }).waitFor({ timeout: WAIT });
     await reader.locator("#spool-count").waitFor({ timeout: WAIT });
     assert.equal(await reader.locator("main button").count(), 0);
     assert.match(await reader.locator("main").textContent(), /needs the admin role/);
