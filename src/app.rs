@@ -156,6 +156,8 @@ async fn resolve_database(
 /// [`StartError`] when a dependency is unusable.
 pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     let settings = Arc::new(settings);
+    // Uptime (`/metrics`) counts from here, not from the first request that reads it.
+    crate::http::metrics::started();
     // Before anything else: a broker that cannot check tokens must not start.
     let gatekeeper = Arc::new(Gatekeeper::new(&settings.jwt, crate::http::routes())?);
     if gatekeeper.enabled() {

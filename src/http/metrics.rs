@@ -13,7 +13,8 @@ use serde_json::json;
 
 use crate::state::AppState;
 
-fn started() -> Instant {
+/// When the broker started (the first call fixes it; `app::start` makes that call).
+pub fn started() -> Instant {
     static STARTED: OnceLock<Instant> = OnceLock::new();
     *STARTED.get_or_init(Instant::now)
 }

@@ -5,9 +5,11 @@
 //! ([`gate`]) reads the same table for every request: a route added here is checked
 //! with no other change, and with auth on a path missing from the table is never served.
 
+pub mod access;
 pub mod ack;
 pub mod body;
 pub mod configure;
+pub mod dashboard;
 pub mod dlq;
 pub mod error;
 pub mod gate;
@@ -98,6 +100,9 @@ pub fn routes() -> Vec<Route> {
         Route::new(Method::GET, "/api/v1/system/maintenance/pop", Capability::Admin, |r| r.to(maintenance::get_pop)),
         Route::new(Method::POST, "/api/v1/system/maintenance/pop", Capability::Admin, |r| r.to(maintenance::set_pop)),
         Route::new(Method::GET, "/api/v1/system/shared-state", Capability::Admin, |r| r.to(maintenance::shared_state)),
+        Route::new(Method::GET, "/api/v1/access", Capability::Read, |r| r.to(access::access)),
+        Route::new(Method::GET, "/", Capability::Public, |r| r.to(dashboard::index)),
+        Route::new(Method::GET, "/dashboard/{file}", Capability::Public, |r| r.to(dashboard::file)),
     ]
 }
 

@@ -14,6 +14,7 @@ mod configure_contract;
 mod consume_cache;
 mod consume_live;
 mod crash_spool;
+mod dashboard_routes;
 mod groups_basic;
 mod lease_basic;
 mod longpoll_basic;
