@@ -21,6 +21,7 @@ use crate::pg::{ClusterError, PrivateCluster};
 use crate::settings::Settings;
 use crate::state::{read_flags, AppState, Flags, Inflight};
 use crate::storage::cache::SegmentCache;
+use crate::storage::crypto::PayloadKey;
 use crate::storage::{self, commit::PgStore};
 use crate::wake::{self, WakeHub};
 
@@ -188,6 +189,10 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     let committer_arbiter = Arbiter::new();
     let partition_arbiter = Arbiter::new();
     let cache = Arc::new(SegmentCache::new(settings.segment_cache_bytes));
+    let payload_key = settings
+        .encryption_key
+        .as_ref()
+        .map(|k| PayloadKey::new(&k.0));
     let mut committers = Vec::with_capacity(settings.committers);
     for id in 0..settings.committers {
         let load = Arc::new(AtomicUsize::new(0));
@@ -196,7 +201,8 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
             settings.connect_timeout,
             settings.commit_timeout,
         )
-        .with_cache(cache.clone());
+        .with_cache(cache.clone())
+        .with_key(payload_key.clone());
         let counter = load.clone();
         let addr = Committer::start_in_arbiter(&committer_arbiter.handle(), move |_| {
             Committer::new(id, store, counter, CommitterLimits::default())
@@ -215,7 +221,8 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         options.clone(),
         settings.connect_timeout,
         settings.commit_timeout,
-    );
+    )
+    .with_key(payload_key.clone());
     let replay_state = spool_state.clone();
     let (replay_every, replay_backoff) = (settings.replay_every, settings.replay_backoff);
     Replayer::start_in_arbiter(&committer_arbiter.handle(), move |_| {
@@ -282,6 +289,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         wake: hub,
         broker_id: format!("broker-{}", uuid::Uuid::new_v4().simple()),
         cache,
+        payload_key,
     });
     let data = state.clone();
     let addr = format!("{}:{}", settings.host, settings.port);
