@@ -264,6 +264,8 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         settings.spool_report_every,
     ));
 
+    actix_web::rt::spawn(check_key(pool.clone(), payload_key.clone()));
+
     actix_web::rt::spawn(storage::dedup::sweep_loop(
         pool.clone(),
         settings.dedup_sweep_every,
@@ -392,6 +394,27 @@ async fn poll_flags(
 
 /// Logs spool depth, replay rate and how long PostgreSQL has been unreachable, while any of
 /// them is worth saying.
+/// Tries the encryption key on a stored sealed message once at start, so a broker started with
+/// the wrong key (or none) says so at once, naming a message, instead of at its first pop.
+async fn check_key(pool: PgPool, key: Option<PayloadKey>) {
+    use crate::storage::crypto::KeyCheck;
+    let checked = async {
+        let mut conn = pool.acquire().await?;
+        storage::crypto::check_key(&mut conn, key.as_ref()).await
+    };
+    match checked.await {
+        Ok(KeyCheck::NothingSealed | KeyCheck::Opens) => {}
+        Ok(KeyCheck::Fails {
+            message_id,
+            queue,
+            error,
+        }) => tracing::error!(%message_id, %queue, %error,
+            "QUEEN_ENCRYPTION_KEY does not open the newest encrypted message of this queue; \
+             encrypted messages are not delivered until the broker has the key they were sealed with"),
+        Err(e) => tracing::warn!(error = %e, "the encryption key could not be checked at start"),
+    }
+}
+
 async fn report_spool(spool: Arc<SpoolState>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     let mut replayed_before = spool.replayed();

@@ -203,7 +203,7 @@ variables! {
     // Pop defaults and payload encryption (Queen's names).
     DEFAULT_BATCH_SIZE, "default_batch_size", Value("1"), Count, "pop `batch` when the request leaves it out";
     DEFAULT_TIMEOUT, "default_timeout", Value("30000"), Millis, "pop `timeout` when the request leaves it out";
-    DEFAULT_SUBSCRIPTION_MODE, "default_subscription_mode", Value("all"), Choice(super::SUBSCRIPTION_MODES), "where a named group's first pop starts when it names no `subscriptionMode`/`subscriptionFrom`: `all` (history) or `new` (from now)";
+    DEFAULT_SUBSCRIPTION_MODE, "default_subscription_mode", Value("all"), Choice(super::SUBSCRIPTION_MODES), "where a named group's first pop starts (history, or from now) when the pop names no `subscriptionMode` or `subscriptionFrom`";
     QUEEN_ENCRYPTION_KEY, "queen_encryption_key", Absent("unset: `encryptionEnabled` is refused"), Secret, "AES-256 key of `encryptionEnabled` queues, 64 hex characters (docs/operations.md)";
     JWT_ENABLED, "jwt_enabled", Value("false"), Bool, "require a bearer JWT on every route but the skip paths";
     JWT_ALGORITHM, "jwt_algorithm", Value("HS256"), Choice(super::ALGORITHMS), "which signatures are accepted (any case); `auto` goes by each token's header";
@@ -1005,6 +1005,43 @@ mod tests {
         assert!(s.jwt.enabled);
         assert_eq!(s.jwt.algorithm, JwtAlgorithm::EdDsa);
         assert!(!format!("{s:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn pop_defaults_and_the_encryption_key_are_read_and_the_key_is_never_shown() {
+        let s = Settings::from_map(env(&[])).unwrap();
+        assert_eq!(s.default_batch, 1);
+        assert_eq!(s.default_timeout, Duration::from_millis(30_000));
+        assert!(!s.default_subscription_new);
+        assert!(s.encryption_key.is_none());
+        let key = "00112233445566778899AABBCCDDEEFF00112233445566778899aabbccddeeff";
+        let s = Settings::from_map(env(&[
+            ("DEFAULT_BATCH_SIZE", "50"),
+            ("DEFAULT_TIMEOUT", "2000"),
+            ("DEFAULT_SUBSCRIPTION_MODE", "NEW"),
+            ("QUEEN_ENCRYPTION_KEY", key),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (s.default_batch, s.default_timeout),
+            (50, Duration::from_millis(2000))
+        );
+        assert!(s.default_subscription_new);
+        let bytes = s.encryption_key.as_ref().unwrap().0;
+        assert_eq!((bytes[0], bytes[10], bytes[31]), (0x00, 0xaa, 0xff));
+        let shown = format!("{s:?}");
+        assert!(!shown.to_lowercase().contains("aabbccdd"), "{shown}");
+        for (name, value) in [
+            ("DEFAULT_BATCH_SIZE", "0"),
+            ("DEFAULT_TIMEOUT", "soon"),
+            ("DEFAULT_SUBSCRIPTION_MODE", "latest"),
+            ("QUEEN_ENCRYPTION_KEY", "abcd"),
+        ] {
+            let err = Settings::from_map(env(&[(name, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(name), "{err}");
+        }
     }
 
     #[test]

@@ -7,8 +7,9 @@
 //! back the same bytes.
 //!
 //! Whether a stored payload is sealed is never guessed from its shape: the segment says so
-//! (`storage::frames`, version byte). This module only seals and opens; it never decides which
-//! queue is encrypted and never logs (its callers log with the message id).
+//! (`storage::frames`, version byte). This module seals and opens, and reads one sealed message
+//! for the start-up check of the key ([`check_key`]); it never decides which queue is encrypted
+//! and never logs (its callers log with the message id).
 
 use aes_gcm::aead::consts::U16;
 use aes_gcm::aead::{AeadCore, AeadInPlace, KeyInit, OsRng};
@@ -131,6 +132,69 @@ impl PayloadKey {
 /// As [`PayloadKey::open`], and [`CryptoError::NoKey`] without a key.
 pub fn open_with(key: Option<&PayloadKey>, stored: &str) -> Result<String, CryptoError> {
     key.ok_or(CryptoError::NoKey)?.open(stored)
+}
+
+/// What the start-up check of the key found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyCheck {
+    /// No sealed message is stored.
+    NothingSealed,
+    /// The newest sealed message of an encrypted queue opens with the key.
+    Opens,
+    /// It does not open (or there is no key): this message, of this queue, and why.
+    Fails {
+        /// The message's id.
+        message_id: uuid::Uuid,
+        /// Its queue.
+        queue: String,
+        /// Why it does not open.
+        error: CryptoError,
+    },
+}
+
+/// Tries `key` on the last sealed segment of one encrypted queue: a broker started with another
+/// key than the one its messages were sealed with finds out at once. One statement; it looks at
+/// the newest segment of each partition of the encrypted queues until one is sealed.
+///
+/// # Errors
+///
+/// Any database error, or a segment that does not decode.
+pub async fn check_key(
+    conn: &mut sqlx::PgConnection,
+    key: Option<&PayloadKey>,
+) -> Result<KeyCheck, crate::storage::StorageError> {
+    let found: Option<(String, i64, Vec<u8>)> = sqlx::query_as(
+        "SELECT q.name, p.id, s.frames
+           FROM queen.queues q
+           JOIN queen.partitions p ON p.queue_id = q.id
+          CROSS JOIN LATERAL (
+                SELECT frames FROM queen.segments
+                 WHERE partition_id = p.id
+                 ORDER BY base_offset DESC
+                 LIMIT 1
+          ) s
+          WHERE q.encryption_enabled
+            AND get_byte(s.frames, 0) = 2
+          LIMIT 1",
+    )
+    .fetch_optional(conn)
+    .await?;
+    let Some((queue, partition, bytes)) = found else {
+        return Ok(KeyCheck::NothingSealed);
+    };
+    let frames = crate::storage::frames::decode(&bytes)
+        .map_err(|source| crate::storage::StorageError::CorruptSegment { partition, source })?;
+    let Some(frame) = frames.first() else {
+        return Ok(KeyCheck::NothingSealed);
+    };
+    Ok(match open_with(key, frame.payload) {
+        Ok(_) => KeyCheck::Opens,
+        Err(error) => KeyCheck::Fails {
+            message_id: frame.id,
+            queue,
+            error,
+        },
+    })
 }
 
 #[cfg(test)]

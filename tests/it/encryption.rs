@@ -259,3 +259,72 @@ fn a_key_that_is_not_64_hex_characters_stops_the_start_without_showing_it() {
         assert!(!err.contains(bad), "{err}");
     }
 }
+
+#[actix_web::test]
+async fn the_start_up_check_names_a_message_the_key_does_not_open() {
+    use queen_broker::storage::crypto::{check_key, CryptoError, KeyCheck, PayloadKey};
+    let db = fresh_db().await;
+    let app = broker(&db, Some(KEY)).await;
+    let mut conn = db.conn().await;
+    let right = PayloadKey::new(&[0u8; 32]);
+    assert_eq!(
+        check_key(&mut conn, Some(&right)).await.unwrap(),
+        KeyCheck::NothingSealed
+    );
+    configure_encrypted(&app, "vault", 300).await;
+    let r = app.push(json!([{ "queue": "vault", "payload": 1 }])).await;
+    let id: uuid::Uuid = r.body[0]["message_id"].as_str().unwrap().parse().unwrap();
+    let mut bytes = [0u8; 32];
+    for (n, b) in bytes.iter_mut().enumerate() {
+        *b = n as u8; // KEY
+    }
+    let right = PayloadKey::new(&bytes);
+    assert_eq!(
+        check_key(&mut conn, Some(&right)).await.unwrap(),
+        KeyCheck::Opens
+    );
+    let wrong = PayloadKey::new(&[7u8; 32]);
+    assert_eq!(
+        check_key(&mut conn, Some(&wrong)).await.unwrap(),
+        KeyCheck::Fails {
+            message_id: id,
+            queue: "vault".into(),
+            error: CryptoError::Authentication
+        }
+    );
+    assert_eq!(
+        check_key(&mut conn, None).await.unwrap(),
+        KeyCheck::Fails {
+            message_id: id,
+            queue: "vault".into(),
+            error: CryptoError::NoKey
+        }
+    );
+}
+
+#[actix_web::test]
+async fn a_dead_letter_of_an_encrypted_queue_is_listed_decrypted() {
+    let db = fresh_db().await;
+    let app = broker(&db, Some(KEY)).await;
+    let r = app
+        .post(
+            "/api/v1/configure",
+            &json!({ "queue": "vault", "options": { "encryptionEnabled": true, "retryLimit": 0 } }),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    app.push(json!([{ "queue": "vault", "payload": { "poison": true } }]))
+        .await;
+    let popped = pop(&app, "vault", "").await;
+    ack_all(&app, &popped, "failed", None).await;
+    let dlq = app.get("/api/v1/dlq?queue=vault").await;
+    assert_eq!(dlq.status, 200, "{:?}", dlq.body);
+    assert_eq!(dlq.body["messages"][0]["data"], json!({ "poison": true }));
+    let mut conn = db.conn().await;
+    let (stored, sealed): (String, bool) =
+        sqlx::query_as("SELECT payload, payload_sealed FROM queen.dead_letters")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert!(sealed && !stored.contains("poison"), "{stored}");
+}
