@@ -236,10 +236,24 @@ async def flow_max_size(client: Queen) -> None:
     name = q("bounded")
     created = await client.queue(name).config({"max_size": 3}).create()
     check(created["options"]["maxSize"] == 3, f"maxSize echoed: {created}")
-    results = await client.queue(name).push([{"data": {"n": n}} for n in range(5)])
+    refused = []
+
+    async def on_error(items, error):
+        refused.append((items, str(error)))
+
+    # The clients hand failed items to on_error with the broker's `error` text ...
+    results = await client.queue(name).push([{"data": {"n": n}} for n in range(5)]).on_error(on_error)
     statuses = [r["status"] for r in results]
     check(statuses == ["queued"] * 3 + ["failed"] * 2, f"two beyond the limit fail: {results}")
-    check(name in results[3].get("error", ""), f"the refusal names the queue: {results[3]}")
+    check(len(refused) == 1 and len(refused[0][0]) == 2, f"on_error got the two: {refused}")
+    check(name in refused[0][1] and "maxSize 3" in refused[0][1], f"the error names the queue: {refused}")
+    # ... and without a callback they raise it.
+    try:
+        await client.queue(name).push([{"data": {"n": 9}}])
+    except Exception as e:
+        check(name in str(e), f"the raised error names the queue: {e}")
+    else:
+        raise AssertionError("a push to the full queue did not fail")
     seen = []
     for _ in range(10):
         msgs = await client.queue(name).batch(3).wait(False).pop()
