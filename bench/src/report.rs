@@ -733,101 +733,97 @@ impl Results {
 
     /// One row per consuming scenario: medians over rounds, and the ratio to push-only.
     pub fn consume_rows(&self) -> Vec<ConsumeRow> {
-        self.scenarios_where(|k| {
-            matches!(
-                k,
-                Kind::PopAck { .. } | Kind::EncryptedPopAck { .. } | Kind::EndToEnd { .. }
-            )
-        })
-        .into_iter()
-        .map(|s| {
-            let ms = self.consume_of(s);
-            let pick = |f: &dyn Fn(&Measurement, &ConsumeDetail) -> f64| {
-                median(&ms.iter().map(|(m, d)| f(m, d)).collect::<Vec<_>>())
-            };
-            let rates: Vec<f64> = ms.iter().map(|(m, _)| m.msgs_per_sec).collect();
-            let push_only = Scenario {
-                kind: Kind::Broker { batch: 100 },
-                ..s
-            };
-            let e2e = |f: fn(&Latency) -> f64| {
-                pick(&move |_, d| d.end_to_end_ms.as_ref().map_or(f64::NAN, f))
-            };
-            let push_only_cpu: HashMap<usize, f64> = self
-                .of(push_only)
-                .iter()
-                .map(|m| (m.round, broker_pg_us(m)))
-                .collect();
-            let cpu_ratios: Vec<f64> = ms
-                .iter()
-                .filter_map(|(m, _)| {
-                    let base = push_only_cpu.get(&m.round)?;
-                    (*base > 0.0 && base.is_finite()).then(|| broker_pg_us(m) / base)
-                })
-                .collect();
-            let cpu_ratio = median(&cpu_ratios);
-            let push = |i: usize| pick(&move |_, d| d.push_ms.map_or(f64::NAN, |t| [t.0, t.1][i]));
-            ConsumeRow {
-                scenario: s,
-                label: s.label(),
-                rounds: ms.len(),
-                consumers: ms.first().map_or(0, |(_, d)| d.consumers),
-                consumed_msgs_per_sec: median(&rates),
-                consumed_min: rates.iter().copied().fold(f64::INFINITY, f64::min),
-                consumed_max: rates.iter().copied().fold(0.0, f64::max),
-                produced_msgs_per_sec: pick(&|_, d| d.produced_msgs_per_sec),
-                offered_msgs_per_sec: pick(&|_, d| d.offered_msgs_per_sec.unwrap_or(f64::NAN)),
-                consumed_vs_offered: pick(&|m, d| {
-                    m.msgs_per_sec / d.offered_msgs_per_sec.unwrap_or(f64::NAN)
-                }),
-                vs_push_only: self.versus(s, push_only),
-                push_only_msgs_per_sec: median(
-                    &self
-                        .of(push_only)
-                        .iter()
-                        .map(|m| m.msgs_per_sec)
-                        .collect::<Vec<_>>(),
-                ),
-                msgs_per_pop: pick(&|_, d| d.msgs_per_pop),
-                pop_p50_ms: pick(&|_, d| d.pop_ms.0),
-                pop_p99_ms: pick(&|_, d| d.pop_ms.1),
-                ack_p50_ms: pick(&|_, d| d.ack_ms.0),
-                ack_p99_ms: pick(&|_, d| d.ack_ms.1),
-                cycle_p50_ms: pick(&|_, d| d.cycle_ms.0),
-                cycle_p99_ms: pick(&|_, d| d.cycle_ms.1),
-                push_p50_ms: push(0),
-                push_p99_ms: push(1),
-                end_to_end_p50_ms: e2e(|l| l.p50),
-                end_to_end_p90_ms: e2e(|l| l.p90),
-                end_to_end_p99_ms: e2e(|l| l.p99),
-                end_to_end_max_ms: e2e(|l| l.max),
-                backlog_at_end: pick(&|_, d| d.backlog_at_end as f64),
-                drain_secs: pick(&|_, d| d.drain_secs),
-                kept_up_rounds: ms.iter().filter(|(_, d)| d.kept_up == Some(true)).count(),
-                cpu: cpu_median(ms.iter().map(|(m, _)| m.cpu)),
-                cpu_us_per_msg: pick(&|m, _| m.cpu.ours() / m.msgs_per_sec * 1e6),
-                broker_pg_us_per_msg: pick(&|m, _| broker_pg_us(m)),
-                push_only_broker_pg_us_per_msg: median(
-                    &self
-                        .of(push_only)
-                        .iter()
-                        .map(|m| broker_pg_us(m))
-                        .collect::<Vec<_>>(),
-                ),
-                broker_pg_cpu_vs_push_only: cpu_ratio.is_finite().then_some(cpu_ratio),
-                wal_bytes_per_msg: pick(&|m, _| m.wal_bytes_per_msg),
-                peak_rss_mib: ms
+        self.scenarios_where(Kind::is_consuming)
+            .into_iter()
+            .map(|s| {
+                let ms = self.consume_of(s);
+                let pick = |f: &dyn Fn(&Measurement, &ConsumeDetail) -> f64| {
+                    median(&ms.iter().map(|(m, d)| f(m, d)).collect::<Vec<_>>())
+                };
+                let rates: Vec<f64> = ms.iter().map(|(m, _)| m.msgs_per_sec).collect();
+                let push_only = Scenario {
+                    kind: Kind::Broker { batch: 100 },
+                    ..s
+                };
+                let e2e = |f: fn(&Latency) -> f64| {
+                    pick(&move |_, d| d.end_to_end_ms.as_ref().map_or(f64::NAN, f))
+                };
+                let push_only_cpu: HashMap<usize, f64> = self
+                    .of(push_only)
                     .iter()
-                    .filter_map(|(m, _)| m.peak_rss_mib)
-                    .fold(f64::NAN, f64::max),
-                errors: ms.iter().map(|(m, _)| m.errors).sum(),
-                duplicates: ms.iter().map(|(_, d)| d.check.duplicates).sum(),
-                lost: ms.iter().map(|(_, d)| d.check.lost).sum(),
-                unverified: ms.iter().filter(|(m, _)| !m.verified).count(),
-                consumed_total: ms.iter().map(|(_, d)| d.consumed_total).sum(),
-            }
-        })
-        .collect()
+                    .map(|m| (m.round, broker_pg_us(m)))
+                    .collect();
+                let cpu_ratios: Vec<f64> = ms
+                    .iter()
+                    .filter_map(|(m, _)| {
+                        let base = push_only_cpu.get(&m.round)?;
+                        (*base > 0.0 && base.is_finite()).then(|| broker_pg_us(m) / base)
+                    })
+                    .collect();
+                let cpu_ratio = median(&cpu_ratios);
+                let push =
+                    |i: usize| pick(&move |_, d| d.push_ms.map_or(f64::NAN, |t| [t.0, t.1][i]));
+                ConsumeRow {
+                    scenario: s,
+                    label: s.label(),
+                    rounds: ms.len(),
+                    consumers: ms.first().map_or(0, |(_, d)| d.consumers),
+                    consumed_msgs_per_sec: median(&rates),
+                    consumed_min: rates.iter().copied().fold(f64::INFINITY, f64::min),
+                    consumed_max: rates.iter().copied().fold(0.0, f64::max),
+                    produced_msgs_per_sec: pick(&|_, d| d.produced_msgs_per_sec),
+                    offered_msgs_per_sec: pick(&|_, d| d.offered_msgs_per_sec.unwrap_or(f64::NAN)),
+                    consumed_vs_offered: pick(&|m, d| {
+                        m.msgs_per_sec / d.offered_msgs_per_sec.unwrap_or(f64::NAN)
+                    }),
+                    vs_push_only: self.versus(s, push_only),
+                    push_only_msgs_per_sec: median(
+                        &self
+                            .of(push_only)
+                            .iter()
+                            .map(|m| m.msgs_per_sec)
+                            .collect::<Vec<_>>(),
+                    ),
+                    msgs_per_pop: pick(&|_, d| d.msgs_per_pop),
+                    pop_p50_ms: pick(&|_, d| d.pop_ms.0),
+                    pop_p99_ms: pick(&|_, d| d.pop_ms.1),
+                    ack_p50_ms: pick(&|_, d| d.ack_ms.0),
+                    ack_p99_ms: pick(&|_, d| d.ack_ms.1),
+                    cycle_p50_ms: pick(&|_, d| d.cycle_ms.0),
+                    cycle_p99_ms: pick(&|_, d| d.cycle_ms.1),
+                    push_p50_ms: push(0),
+                    push_p99_ms: push(1),
+                    end_to_end_p50_ms: e2e(|l| l.p50),
+                    end_to_end_p90_ms: e2e(|l| l.p90),
+                    end_to_end_p99_ms: e2e(|l| l.p99),
+                    end_to_end_max_ms: e2e(|l| l.max),
+                    backlog_at_end: pick(&|_, d| d.backlog_at_end as f64),
+                    drain_secs: pick(&|_, d| d.drain_secs),
+                    kept_up_rounds: ms.iter().filter(|(_, d)| d.kept_up == Some(true)).count(),
+                    cpu: cpu_median(ms.iter().map(|(m, _)| m.cpu)),
+                    cpu_us_per_msg: pick(&|m, _| m.cpu.ours() / m.msgs_per_sec * 1e6),
+                    broker_pg_us_per_msg: pick(&|m, _| broker_pg_us(m)),
+                    push_only_broker_pg_us_per_msg: median(
+                        &self
+                            .of(push_only)
+                            .iter()
+                            .map(|m| broker_pg_us(m))
+                            .collect::<Vec<_>>(),
+                    ),
+                    broker_pg_cpu_vs_push_only: cpu_ratio.is_finite().then_some(cpu_ratio),
+                    wal_bytes_per_msg: pick(&|m, _| m.wal_bytes_per_msg),
+                    peak_rss_mib: ms
+                        .iter()
+                        .filter_map(|(m, _)| m.peak_rss_mib)
+                        .fold(f64::NAN, f64::max),
+                    errors: ms.iter().map(|(m, _)| m.errors).sum(),
+                    duplicates: ms.iter().map(|(_, d)| d.check.duplicates).sum(),
+                    lost: ms.iter().map(|(_, d)| d.check.lost).sum(),
+                    unverified: ms.iter().filter(|(m, _)| !m.verified).count(),
+                    consumed_total: ms.iter().map(|(_, d)| d.consumed_total).sum(),
+                }
+            })
+            .collect()
     }
 
     /// The consuming targets ("Consuming as fast as producing"), at `partitions`, dedup on:

@@ -95,6 +95,14 @@ impl Kind {
             Kind::EncryptedPush { .. } | Kind::EncryptedPopAck { .. }
         )
     }
+
+    /// Whether consumers are measured (the consuming table's rows).
+    pub fn is_consuming(&self) -> bool {
+        matches!(
+            self,
+            Kind::PopAck { .. } | Kind::EncryptedPopAck { .. } | Kind::EndToEnd { .. }
+        )
+    }
 }
 
 /// The broker's environment for `kind`: `extra` plus the key for the encryption scenarios.
