@@ -15,6 +15,7 @@ use sqlx::PgPool;
 
 use crate::settings::Settings;
 use crate::storage::cache::SegmentCache;
+use crate::storage::crypto::PayloadKey;
 use crate::storage::{system, StorageError};
 use crate::wake::WakeHub;
 
@@ -79,6 +80,8 @@ pub struct AppState {
     pub broker_id: String,
     /// Committed segments and handed-out lease ranges this broker knows (consume path).
     pub cache: Arc<SegmentCache>,
+    /// The key of encrypted queues (`QUEEN_ENCRYPTION_KEY`), if set.
+    pub payload_key: Option<PayloadKey>,
 }
 
 /// Bytes currently admitted (for metrics and tests).

@@ -47,9 +47,13 @@ async fn start(
 ) -> Result<(BrokerProcess, u64), BoxError> {
     let mut conn = PgConnection::connect(url).await?;
     db::setup_queue(&mut conn, scenario.partitions, scenario.dedup).await?;
+    if scenario.kind.encrypted() {
+        db::encrypt_queue(&mut conn).await?;
+    }
     conn.close().await?;
     let t = Instant::now();
-    let broker = BrokerProcess::start(&params.broker_bin, url, &params.broker_env).await?;
+    let env = crate::scenario::broker_env(&params.broker_env, scenario.kind);
+    let broker = BrokerProcess::start(&params.broker_bin, url, &env).await?;
     trace(params, "broker start", t);
     let primed = crate::load::prime(broker.port, scenario.partitions, params.connections).await?;
     Ok((broker, primed))

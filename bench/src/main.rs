@@ -64,7 +64,9 @@ struct Args {
     quick: bool,
     /// Suites to run. spool and consume run at 100 partitions (else the first of --partitions)
     /// with dedup on (unless --dedup off); consume adds the push-only scenario (batch 100) it is
-    /// compared with when the push suite does not measure it.
+    /// compared with when the push suite does not measure it. encryption (not run by default)
+    /// measures push and pop+ack on a queue with `encryptionEnabled` next to the same on a
+    /// plain queue (batch 100 each).
     #[arg(
         long,
         value_delimiter = ',',
@@ -204,6 +206,8 @@ enum Suite {
     Push,
     Spool,
     Consume,
+    /// Push and pop+ack on an encrypted queue against a plain one.
+    Encryption,
 }
 
 impl Options {
@@ -303,6 +307,23 @@ fn plan(o: &Options, can_stop_postgres: bool) -> Vec<Scenario> {
                 partitions,
                 dedup,
             });
+        }
+    }
+    if o.suites.contains(&Suite::Encryption) {
+        for kind in [
+            Kind::Broker { batch: 100 },
+            Kind::EncryptedPush { batch: 100 },
+            Kind::PopAck { batch: POP_BATCH },
+            Kind::EncryptedPopAck { batch: POP_BATCH },
+        ] {
+            let s = Scenario {
+                kind,
+                partitions,
+                dedup,
+            };
+            if !out.contains(&s) {
+                out.push(s);
+            }
         }
     }
     if o.suites.contains(&Suite::Consume) {
@@ -544,6 +565,7 @@ async fn run_on(
     let spool_rows = results.spool_rows();
     let consume_rows = results.consume_rows();
     let wakeup_rows = results.wakeup_rows();
+    let encryption_rows = results.encryption_rows();
     let mut header = String::new();
     header.push_str(&format!("command: {argv}\n"));
     header.push_str(&format!(
@@ -591,6 +613,10 @@ async fn run_on(
         );
         println!("{}", report::wakeup_table(&wakeup_rows));
     }
+    if !encryption_rows.is_empty() {
+        println!("Encryption (encrypted queue against a plain one, same run):");
+        println!("{}", report::encryption_table(&encryption_rows));
+    }
     println!("Targets (medians of per-round ratios, same run):");
     println!("{}", report::targets_text(&targets));
     if let Some(path) = &o.json {
@@ -614,6 +640,7 @@ async fn run_on(
             "spool": spool_rows,
             "consuming": consume_rows,
             "wakeup": wakeup_rows,
+            "encryption": encryption_rows,
             "targets": targets,
             "measurements": results.all,
         });

@@ -22,6 +22,8 @@ pub mod metrics;
 pub mod pop;
 pub mod push;
 pub mod resources;
+pub mod status;
+pub mod traces;
 pub mod transaction;
 
 use actix_web::http::{header, Method};
@@ -103,6 +105,20 @@ pub fn routes() -> Vec<Route> {
         Route::new(Method::GET, "/api/v1/access", Capability::Read, |r| r.to(access::access)),
         Route::new(Method::GET, "/", Capability::Public, |r| r.to(dashboard::index)),
         Route::new(Method::GET, "/dashboard/{file}", Capability::Public, |r| r.to(dashboard::file)),
+        // Traces, status and analytics, stats refresh, message delete (reference §9.3, §9.4, §9.6).
+        Route::new(Method::POST, "/api/v1/traces", Capability::Consume, |r| r.to(traces::record)),
+        Route::new(Method::GET, "/api/v1/traces/names", Capability::Read, |r| r.to(traces::names)),
+        Route::new(Method::GET, "/api/v1/traces/by-name/{name}", Capability::Read, |r| r.to(traces::by_name)),
+        Route::new(Method::GET, "/api/v1/traces/{partitionId}/{transactionId}", Capability::Read, |r| r.to(traces::of_message)),
+        Route::new(Method::GET, "/api/v1/status", Capability::Read, |r| r.to(status::overview)),
+        Route::new(Method::GET, "/api/v1/status/queues", Capability::Read, |r| r.to(status::queues_list)),
+        Route::new(Method::GET, "/api/v1/status/queues/{queue}", Capability::Read, |r| r.to(status::queue_detail)),
+        Route::new(Method::GET, "/api/v1/status/queues/{queue}/messages", Capability::Read, |r| r.to(status::queue_messages)),
+        Route::new(Method::GET, "/api/v1/status/analytics", Capability::Read, |r| r.to(status::analytics)),
+        Route::new(Method::GET, "/api/v1/status/buffers", Capability::Read, |r| r.to(status::buffers_route)),
+        Route::new(Method::GET, "/api/v1/analytics/{name}", Capability::Read, |r| r.to(status::named)),
+        Route::new(Method::POST, "/api/v1/stats/refresh", Capability::Admin, |r| r.to(status::refresh)),
+        Route::new(Method::DELETE, "/api/v1/messages/{partitionId}/{transactionId}", Capability::Configure, |r| r.to(messages::delete)),
     ]
 }
 
