@@ -158,6 +158,7 @@ macro_rules! variables {
 const LOG_LEVELS: &[&str] = &["trace", "debug", "info", "warn", "error", "off"];
 const LOG_FORMATS: &[&str] = &["text", "json"];
 const ALGORITHMS: &[&str] = &["HS256", "RS256", "EdDSA", "auto"];
+const SUBSCRIPTION_MODES: &[&str] = &["all", "new"];
 
 /// The default of `JWT_SKIP_PATHS`.
 pub const DEFAULT_SKIP_PATHS: &str = "/health,/metrics/prometheus,/metrics,/";
@@ -202,6 +203,11 @@ variables! {
     QUEEN_DEDUP_SWEEP_MS, "queen_dedup_sweep_ms", Value("60000"), Millis, "interval of the expired dedup-key sweep";
     RETENTION_INTERVAL, "retention_interval", Value("300000"), Millis, "interval of the retention sweep (docs/operations.md)";
     RETENTION_BATCH_SIZE, "retention_batch_size", Value("1000"), Count, "segments one retention statement removes at most";
+    // Pop defaults and payload encryption (Queen's names).
+    DEFAULT_BATCH_SIZE, "default_batch_size", Value("1"), Count, "pop `batch` when the request leaves it out";
+    DEFAULT_TIMEOUT, "default_timeout", Value("30000"), Millis, "pop `timeout` when the request leaves it out";
+    DEFAULT_SUBSCRIPTION_MODE, "default_subscription_mode", Value("all"), Choice(super::SUBSCRIPTION_MODES), "where a named group's first pop starts (history, or from now) when the pop names no `subscriptionMode` or `subscriptionFrom`";
+    QUEEN_ENCRYPTION_KEY, "queen_encryption_key", Absent("unset: `encryptionEnabled` is refused"), Secret, "AES-256 key of `encryptionEnabled` queues, 64 hex characters (docs/operations.md)";
     JWT_ENABLED, "jwt_enabled", Value("false"), Bool, "require a bearer JWT on every route but the skip paths";
     JWT_ALGORITHM, "jwt_algorithm", Value("HS256"), Choice(super::ALGORITHMS), "which signatures are accepted (any case); `auto` goes by each token's header";
     JWT_SECRET, "jwt_secret", Absent(""), Secret, "HS256 shared secret";
@@ -513,6 +519,46 @@ pub struct Settings {
     pub metrics: bool,
     /// Authentication (`JWT_*`).
     pub jwt: JwtSettings,
+    /// Pop `batch` when the request leaves it out (`DEFAULT_BATCH_SIZE`).
+    pub default_batch: usize,
+    /// Pop `timeout` when the request leaves it out (`DEFAULT_TIMEOUT`).
+    pub default_timeout: Duration,
+    /// A named group's first pop starts at the end of history (`DEFAULT_SUBSCRIPTION_MODE=new`).
+    pub default_subscription_new: bool,
+    /// `QUEEN_ENCRYPTION_KEY`, decoded.
+    pub encryption_key: Option<EncryptionKey>,
+}
+
+/// The 32 bytes of `QUEEN_ENCRYPTION_KEY`; `Debug` never shows them.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EncryptionKey(pub [u8; 32]);
+
+impl fmt::Debug for EncryptionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("EncryptionKey(***)")
+    }
+}
+
+impl EncryptionKey {
+    /// Reads 64 hexadecimal characters (any case, surrounding blanks ignored).
+    ///
+    /// # Errors
+    ///
+    /// What is wrong with the text (its length, or a character that is not hexadecimal); the
+    /// text itself is never part of the message.
+    pub fn from_hex(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if text.len() != 64 {
+            return Err(format!(
+                "expected 64 hexadecimal characters (32 bytes), got {} characters",
+                text.chars().count()
+            ));
+        }
+        let mut key = [0u8; 32];
+        hex::decode_to_slice(text, &mut key)
+            .map_err(|_| "expected 64 hexadecimal characters (0-9, a-f)".to_string())?;
+        Ok(Self(key))
+    }
 }
 
 /// Which signatures `JWT_ALGORITHM` accepts.
@@ -873,6 +919,16 @@ impl Settings {
             log_json: src.choice(&LOG_FORMAT)? == "json",
             metrics: src.flag(&QUEEN_METRICS)?,
             jwt: jwt_settings(src)?,
+            default_batch: src.count(&DEFAULT_BATCH_SIZE)? as usize,
+            default_timeout: src.duration(&DEFAULT_TIMEOUT)?,
+            default_subscription_new: src.choice(&DEFAULT_SUBSCRIPTION_MODE)? == "new",
+            encryption_key: match src.text(&QUEEN_ENCRYPTION_KEY) {
+                None => None,
+                Some(text) => Some(
+                    EncryptionKey::from_hex(&text)
+                        .map_err(|reason| invalid(&QUEEN_ENCRYPTION_KEY, "(redacted)", &reason))?,
+                ),
+            },
         })
     }
 }
@@ -1082,6 +1138,43 @@ mod tests {
         assert!(s.jwt.enabled);
         assert_eq!(s.jwt.algorithm, JwtAlgorithm::EdDsa);
         assert!(!format!("{s:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn pop_defaults_and_the_encryption_key_are_read_and_the_key_is_never_shown() {
+        let s = Settings::from_map(env(&[])).unwrap();
+        assert_eq!(s.default_batch, 1);
+        assert_eq!(s.default_timeout, Duration::from_millis(30_000));
+        assert!(!s.default_subscription_new);
+        assert!(s.encryption_key.is_none());
+        let key = "00112233445566778899AABBCCDDEEFF00112233445566778899aabbccddeeff";
+        let s = Settings::from_map(env(&[
+            ("DEFAULT_BATCH_SIZE", "50"),
+            ("DEFAULT_TIMEOUT", "2000"),
+            ("DEFAULT_SUBSCRIPTION_MODE", "NEW"),
+            ("QUEEN_ENCRYPTION_KEY", key),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (s.default_batch, s.default_timeout),
+            (50, Duration::from_millis(2000))
+        );
+        assert!(s.default_subscription_new);
+        let bytes = s.encryption_key.as_ref().unwrap().0;
+        assert_eq!((bytes[0], bytes[10], bytes[31]), (0x00, 0xaa, 0xff));
+        let shown = format!("{s:?}");
+        assert!(!shown.to_lowercase().contains("aabbccdd"), "{shown}");
+        for (name, value) in [
+            ("DEFAULT_BATCH_SIZE", "0"),
+            ("DEFAULT_TIMEOUT", "soon"),
+            ("DEFAULT_SUBSCRIPTION_MODE", "latest"),
+            ("QUEEN_ENCRYPTION_KEY", "abcd"),
+        ] {
+            let err = Settings::from_map(env(&[(name, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(name), "{err}");
+        }
     }
 
     #[test]

@@ -16,6 +16,7 @@ use sqlx::PgPool;
 use crate::metrics::Metrics;
 use crate::settings::Settings;
 use crate::storage::cache::SegmentCache;
+use crate::storage::crypto::PayloadKey;
 use crate::storage::{system, StorageError};
 use crate::wake::WakeHub;
 
@@ -82,6 +83,8 @@ pub struct AppState {
     pub cache: Arc<SegmentCache>,
     /// This broker's metrics registry.
     pub metrics: Arc<Metrics>,
+    /// The key of encrypted queues (`QUEEN_ENCRYPTION_KEY`), if set.
+    pub payload_key: Option<PayloadKey>,
 }
 
 /// Bytes currently admitted (for metrics and tests).

@@ -24,4 +24,4 @@ pub mod spool;
 pub mod store;
 
 pub use error::PushError;
-pub use message::{Item, PartitionKey, Verdict};
+pub use message::{Item, PartitionKey, Refusal, Verdict};

@@ -5,7 +5,8 @@
 //! route's capability, as the bearer requirement and the `x-capability` extension). The
 //! request and response shapes of the main routes (push, pop, ack, ack/batch, transaction,
 //! configure) are written here, in one place, as JSON Schema; every other route is described
-//! as "a JSON answer" until its shape is written here too. Every operation lists its errors
+//! as "a JSON answer" (outside `/api/`: any content, e.g. the dashboard's pages) until its shape
+//! is written here too. Every operation lists its errors
 //! (`{"error": text}`) as the `default` response.
 
 use actix_web::http::Method;
@@ -406,11 +407,18 @@ fn operation(route: &Route) -> (String, String, Value) {
                         "content": { "text/plain": { "schema": { "type": "string" } } } }),
             );
         }
-        None => {
+        None if route.path.starts_with("/api/") => {
             responses.insert(
                 "2XX".into(),
                 json!({ "description": "a JSON answer (shape not described here yet)",
                         "content": { "application/json": { "schema": {} } } }),
+            );
+        }
+        None => {
+            responses.insert(
+                "2XX".into(),
+                json!({ "description": "a page, a file or a JSON answer",
+                        "content": { "*/*": { "schema": {} } } }),
             );
         }
     }

@@ -72,6 +72,10 @@ pub async fn push_items(
                 transaction_id,
                 queue_name: parsed[index].queue.clone(),
                 status: verdict.as_str().to_string(),
+                error: match verdict {
+                    Verdict::Refused(why) => Some(why.message(&key.queue)),
+                    _ => None,
+                },
             });
         }
     }

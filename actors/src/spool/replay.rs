@@ -151,7 +151,8 @@ async fn replay_round<S: SegmentStore>(
     }
     let writes = group(&batch);
     match store.commit(&writes).await {
-        Ok(_) => {
+        Ok(outcomes) => {
+            report_refused(&writes, &outcomes);
             let path = loaded.path.clone();
             let watermark = loaded.done + batch.len() as u64;
             let saved =
@@ -175,6 +176,21 @@ async fn replay_round<S: SegmentStore>(
             (store, Some(loaded), Round::Progress)
         }
         Err(e) => (store, Some(loaded), Round::Failed(e)),
+    }
+}
+
+/// A replayed item its queue refused (its `maxSize` is reached, or it is encrypted and this
+/// broker has no key) is not stored and has no producer waiting to hear it: it is logged with
+/// its id, and the replay goes on.
+fn report_refused(writes: &[SegmentWrite], outcomes: &[crate::store::SegmentOutcome]) {
+    for (write, outcome) in writes.iter().zip(outcomes) {
+        for (item, verdict) in write.items.iter().zip(&outcome.verdicts) {
+            if let crate::Verdict::Refused(why) = verdict {
+                tracing::error!(message_id = %item.message_id, transaction_id = %item.transaction_id,
+                    partition = %write.key, reason = %why.message(&write.key.queue),
+                    "spooled message refused by its queue on replay; not stored");
+            }
+        }
     }
 }
 
