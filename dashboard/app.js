@@ -351,7 +351,7 @@ async function overview() {
       `pool ${metrics.database?.poolSize ?? "—"} (idle ${metrics.database?.idleConnections ?? "—"})`),
     card("card-spool", "Spool", h("span", { id: "spool-records" }, fmtNum(spool.records ?? 0)),
       `${fmtBytes(spool.bytes)} · ${spool.dbUnreachableSeconds ? `database away ${fmtDuration(spool.dbUnreachableSeconds)}` : "replayed " + fmtNum(spool.replayed ?? 0)}` +
-      (spool.oldestRecordAgeSeconds !== undefined ? ` · oldest ${fmtDuration(spool.oldestRecordAgeSeconds)}` : "")),
+      (spool.oldestSeconds ? ` · oldest ${fmtDuration(spool.oldestSeconds)}` : "")),
     card("card-maintenance", "Maintenance",
       h("span", { id: "maintenance-state", class: flags.maintenance || flags.pop ? "state-on" : "state-ok" },
         flags.maintenance && flags.pop ? "push + pop" : flags.maintenance ? "push" : flags.pop ? "pop" : "off"),
