@@ -17,10 +17,12 @@ use broker_actors::spool::{SpoolActor, SpoolError, SpoolHandle, SpoolState};
 use sqlx::PgPool;
 
 use crate::http::{Gate, Gatekeeper};
+use crate::metrics::Metrics;
 use crate::pg::{ClusterError, PrivateCluster};
 use crate::settings::Settings;
 use crate::state::{read_flags, AppState, Flags, Inflight};
 use crate::storage::cache::SegmentCache;
+use crate::storage::crypto::PayloadKey;
 use crate::storage::{self, commit::PgStore};
 use crate::wake::{self, WakeHub};
 
@@ -99,7 +101,6 @@ impl Broker {
 /// [`StartError`] when a dependency is unusable.
 pub async fn run(settings: Settings) -> Result<(), StartError> {
     let mut broker = start(settings).await?;
-    tracing::info!(port = broker.port, "queen-broker listening");
     let server = broker
         .server
         .take()
@@ -189,6 +190,11 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     let committer_arbiter = Arbiter::new();
     let partition_arbiter = Arbiter::new();
     let cache = Arc::new(SegmentCache::new(settings.segment_cache_bytes));
+    let metrics = Arc::new(Metrics::new(settings.metrics));
+    let payload_key = settings
+        .encryption_key
+        .as_ref()
+        .map(|k| PayloadKey::new(&k.0));
     let mut committers = Vec::with_capacity(settings.committers);
     for id in 0..settings.committers {
         let load = Arc::new(AtomicUsize::new(0));
@@ -197,10 +203,12 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
             settings.connect_timeout,
             settings.commit_timeout,
         )
-        .with_cache(cache.clone());
+        .with_cache(cache.clone())
+        .with_key(payload_key.clone());
         let counter = load.clone();
+        let observer = metrics.clone();
         let addr = Committer::start_in_arbiter(&committer_arbiter.handle(), move |_| {
-            Committer::new(id, store, counter, CommitterLimits::default())
+            Committer::new(id, store, counter, CommitterLimits::default()).with_observer(observer)
         });
         committers.push((addr.recipient(), load));
     }
@@ -216,7 +224,8 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         options.clone(),
         settings.connect_timeout,
         settings.commit_timeout,
-    );
+    )
+    .with_key(payload_key.clone());
     let replay_state = spool_state.clone();
     let (replay_every, replay_backoff) = (settings.replay_every, settings.replay_backoff);
     Replayer::start_in_arbiter(&committer_arbiter.handle(), move |_| {
@@ -258,6 +267,8 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         settings.spool_report_every,
     ));
 
+    actix_web::rt::spawn(check_key(pool.clone(), payload_key.clone()));
+
     actix_web::rt::spawn(storage::dedup::sweep_loop(
         pool.clone(),
         settings.dedup_sweep_every,
@@ -285,6 +296,8 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         wake: hub,
         broker_id: format!("broker-{}", uuid::Uuid::new_v4().simple()),
         cache,
+        metrics,
+        payload_key,
     });
     let data = state.clone();
     let addr = format!("{}:{}", settings.host, settings.port);
@@ -299,6 +312,10 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
             }))
             .wrap(Gate::new(gatekeeper.clone()))
             .wrap(crate::http::cors_headers())
+            // Outermost: every answer (the gate's too) gets a request id and is counted.
+            .wrap(actix_web::middleware::from_fn(
+                crate::http::observe::observe,
+            ))
             .configure(crate::http::configure)
     })
     .workers(settings.workers)
@@ -311,6 +328,16 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     })?;
     let port = server.addrs().first().map_or(settings.port, |a| a.port());
     let server = server.run();
+    tracing::info!(
+        host = %settings.host,
+        port,
+        db_host = %options.get_host(),
+        db_port = options.get_port(),
+        database = %options.get_database().unwrap_or("(the user's name)"),
+        private_database = private_cluster.is_some(),
+        metrics = settings.metrics,
+        "queen-broker listening"
+    );
     Ok(Broker {
         port,
         handle: server.handle(),
@@ -423,6 +450,27 @@ async fn poll_flags(
 
 /// Logs spool depth, replay rate and how long PostgreSQL has been unreachable, while any of
 /// them is worth saying.
+/// Tries the encryption key on a stored sealed message once at start, so a broker started with
+/// the wrong key (or none) says so at once, naming a message, instead of at its first pop.
+async fn check_key(pool: PgPool, key: Option<PayloadKey>) {
+    use crate::storage::crypto::KeyCheck;
+    let checked = async {
+        let mut conn = pool.acquire().await?;
+        storage::crypto::check_key(&mut conn, key.as_ref()).await
+    };
+    match checked.await {
+        Ok(KeyCheck::NothingSealed | KeyCheck::Opens) => {}
+        Ok(KeyCheck::Fails {
+            message_id,
+            queue,
+            error,
+        }) => tracing::error!(%message_id, %queue, %error,
+            "QUEEN_ENCRYPTION_KEY does not open the newest encrypted message of this queue; \
+             encrypted messages are not delivered until the broker has the key they were sealed with"),
+        Err(e) => tracing::warn!(error = %e, "the encryption key could not be checked at start"),
+    }
+}
+
 async fn report_spool(spool: Arc<SpoolState>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     let mut replayed_before = spool.replayed();

@@ -10,15 +10,20 @@
 //!   timestamp formats).
 //! - the actors (partition, committer, registry, spool) live in the `broker-actors` crate
 //!   (`actors/`) and reach PostgreSQL only through its `SegmentStore` trait.
+//! - [`metrics`]: the Prometheus registry (counters, histograms, gauges read at scrape time);
+//!   the committers report to it through the actors crate's `CommitObserver`.
 //! - [`storage`]: every SQL statement and [`storage::StorageError`]; the commit transaction is
 //!   `storage::commit`.
 //! - [`settings`]: environment variables (Queen's names) and `config/*.toml`.
 //! - [`pg`]: a private PostgreSQL cluster from the local server binaries.
+//! - [`logging`]: env_logger as text or one JSON object per line, with the request id.
 //! - [`wake`]: long-poll wake-ups (in-process, and across brokers via LISTEN/NOTIFY).
 
 pub mod app;
 pub mod auth;
 pub mod http;
+pub mod logging;
+pub mod metrics;
 pub mod pg;
 pub mod protocol;
 pub mod settings;

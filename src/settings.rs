@@ -156,7 +156,9 @@ macro_rules! variables {
 }
 
 const LOG_LEVELS: &[&str] = &["trace", "debug", "info", "warn", "error", "off"];
+const LOG_FORMATS: &[&str] = &["text", "json"];
 const ALGORITHMS: &[&str] = &["HS256", "RS256", "EdDSA", "auto"];
+const SUBSCRIPTION_MODES: &[&str] = &["all", "new"];
 
 /// The default of `JWT_SKIP_PATHS`.
 pub const DEFAULT_SKIP_PATHS: &str = "/health,/metrics/prometheus,/metrics,/";
@@ -172,6 +174,8 @@ variables! {
     QUEEN_BODY_TIMEOUT_MS, "queen_body_timeout_ms", Value("30000"), Millis, "a request body not fully received in this time gets 408 and its connection is closed";
     QUEEN_MAX_CONNECTIONS, "queen_max_connections", Value("10000"), Count, "open client connections at most (further ones wait in the listen backlog); capped below the open-file limit";
     LOG_LEVEL, "log_level", Value("info"), Choice(super::LOG_LEVELS), "log level; `RUST_LOG` refines it";
+    LOG_FORMAT, "log_format", Value("text"), Choice(super::LOG_FORMATS), "log lines as text, or one JSON object per line";
+    QUEEN_METRICS, "queen_metrics", Value("true"), Bool, "count requests, messages and commits for `/metrics` (`false` leaves the counters and histograms at zero; gauges are still read)";
     QUEEN_CONFIG, -, Absent("`config/queen.toml` when present"), Path, "the TOML file read under the environment";
     DATABASE_URL, "database_url", Absent(""), Url(&["postgres://", "postgresql://"]), "PostgreSQL URL; wins over the `PG_*` variables";
     PG_HOST, "pg_host", Value("localhost"), Text, "PostgreSQL host";
@@ -204,6 +208,11 @@ variables! {
     QUEEN_DEDUP_SWEEP_MS, "queen_dedup_sweep_ms", Value("60000"), Millis, "interval of the expired dedup-key sweep";
     RETENTION_INTERVAL, "retention_interval", Value("300000"), Millis, "interval of the retention sweep (docs/operations.md)";
     RETENTION_BATCH_SIZE, "retention_batch_size", Value("1000"), Count, "segments one retention statement removes at most";
+    // Pop defaults and payload encryption (Queen's names).
+    DEFAULT_BATCH_SIZE, "default_batch_size", Value("1"), Count, "pop `batch` when the request leaves it out";
+    DEFAULT_TIMEOUT, "default_timeout", Value("30000"), Millis, "pop `timeout` when the request leaves it out";
+    DEFAULT_SUBSCRIPTION_MODE, "default_subscription_mode", Value("all"), Choice(super::SUBSCRIPTION_MODES), "where a named group's first pop starts (history, or from now) when the pop names no `subscriptionMode` or `subscriptionFrom`";
+    QUEEN_ENCRYPTION_KEY, "queen_encryption_key", Absent("unset: `encryptionEnabled` is refused"), Secret, "AES-256 key of `encryptionEnabled` queues, 64 hex characters (docs/operations.md)";
     JWT_ENABLED, "jwt_enabled", Value("false"), Bool, "require a bearer JWT on every route but the skip paths";
     JWT_ALGORITHM, "jwt_algorithm", Value("HS256"), Choice(super::ALGORITHMS), "which signatures are accepted (any case); `auto` goes by each token's header";
     JWT_SECRET, "jwt_secret", Absent(""), Secret, "HS256 shared secret";
@@ -252,6 +261,130 @@ pub fn markdown_table_of(keep: impl Fn(&Variable) -> bool) -> String {
         out += &format!("| `{}` | {default} | {meaning} |\n", v.name);
     }
     out
+}
+
+/// The command-line flag of a variable, without the dashes: `port` for `PORT`, `config` for
+/// `QUEEN_CONFIG`.
+pub fn flag_of(v: &Variable) -> String {
+    if v.name == var::QUEEN_CONFIG.name {
+        "config".into()
+    } else {
+        v.name.to_ascii_lowercase().replace('_', "-")
+    }
+}
+
+/// What `--help` shows as a flag's value.
+fn value_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Text | Kind::List => "TEXT",
+        Kind::Secret => "SECRET",
+        Kind::Path => "PATH",
+        Kind::Port => "PORT",
+        Kind::Count => "N",
+        Kind::Millis => "MS",
+        Kind::Seconds | Kind::SecondsOrZero => "SECONDS",
+        Kind::Bytes => "BYTES",
+        Kind::Bool => "true|false",
+        Kind::Choice(_) => "WORD",
+        Kind::Url(_) => "URL",
+    }
+}
+
+/// The command line, generated from [`VARIABLES`]: one `--flag VALUE` per variable (with the
+/// variable's name, default and meaning as its help), plus `--help` and `--version`.
+pub fn command() -> clap::Command {
+    let mut cmd = clap::Command::new("queen-broker")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about(env!("CARGO_PKG_DESCRIPTION"))
+        .after_help(
+            "Every setting is read from its flag, else its environment variable, else the \
+             config file (--config, TOML, keys are the variables' names in any case), else its \
+             default. docs/operations.md describes them.",
+        );
+    for v in VARIABLES {
+        let mut help = v.help.replace('`', "");
+        match v.kind {
+            Kind::Choice(words) | Kind::Url(words) => help += &format!(" ({})", or_list(words, "")),
+            Kind::List => help += " (comma-separated)",
+            _ => {}
+        }
+        help += &format!(
+            " [env: {}] [default: {}]",
+            v.name,
+            v.default_text().replace('`', "")
+        );
+        cmd = cmd.arg(
+            clap::Arg::new(v.name)
+                .long(flag_of(v))
+                .value_name(value_name(v.kind))
+                .help(help)
+                .num_args(1)
+                .action(clap::ArgAction::Set),
+        );
+    }
+    cmd
+}
+
+/// Why the command line could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandLineError {
+    /// An unknown flag, a missing value, or `--help`/`--version` (which clap answers itself:
+    /// [`clap::Error::exit`] prints and exits 0 for those, 2 otherwise).
+    #[error("{0}")]
+    Args(#[from] clap::Error),
+    /// A value that does not parse.
+    #[error("{0}")]
+    Settings(#[from] SettingsError),
+}
+
+impl Settings {
+    /// Reads the command line over `env` (a flag wins over its variable): `args` includes the
+    /// program name, as `std::env::args_os()` gives it.
+    ///
+    /// # Errors
+    ///
+    /// [`CommandLineError::Args`] for an unknown flag, a missing value, `--help` or
+    /// `--version`; [`CommandLineError::Settings`] naming the flag and its variable when a
+    /// value is unusable.
+    pub fn from_command_line<I, T>(
+        args: I,
+        mut env: HashMap<String, String>,
+    ) -> Result<Self, CommandLineError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let matches = command().try_get_matches_from(args)?;
+        let mut given = Vec::new();
+        for v in VARIABLES {
+            if let Some(value) = matches.get_one::<String>(v.name) {
+                env.insert(v.name.to_string(), value.clone());
+                given.push(v);
+            }
+        }
+        Self::from_map(env).map_err(|e| {
+            match e {
+                SettingsError::Invalid {
+                    name,
+                    value,
+                    reason,
+                } => match given.iter().find(|v| v.name == name) {
+                    Some(v) => SettingsError::Invalid {
+                        name: format!("--{} ({name})", flag_of(v)),
+                        value,
+                        reason,
+                    },
+                    None => SettingsError::Invalid {
+                        name,
+                        value,
+                        reason,
+                    },
+                },
+                other => other,
+            }
+            .into()
+        })
+    }
 }
 
 /// Where PostgreSQL is, as configured.
@@ -395,8 +528,52 @@ pub struct Settings {
     pub workers: usize,
     /// Log level.
     pub log_level: String,
+    /// `true`: one JSON object per log line.
+    pub log_json: bool,
+    /// Whether counters and histograms are recorded.
+    pub metrics: bool,
     /// Authentication (`JWT_*`).
     pub jwt: JwtSettings,
+    /// Pop `batch` when the request leaves it out (`DEFAULT_BATCH_SIZE`).
+    pub default_batch: usize,
+    /// Pop `timeout` when the request leaves it out (`DEFAULT_TIMEOUT`).
+    pub default_timeout: Duration,
+    /// A named group's first pop starts at the end of history (`DEFAULT_SUBSCRIPTION_MODE=new`).
+    pub default_subscription_new: bool,
+    /// `QUEEN_ENCRYPTION_KEY`, decoded.
+    pub encryption_key: Option<EncryptionKey>,
+}
+
+/// The 32 bytes of `QUEEN_ENCRYPTION_KEY`; `Debug` never shows them.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EncryptionKey(pub [u8; 32]);
+
+impl fmt::Debug for EncryptionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("EncryptionKey(***)")
+    }
+}
+
+impl EncryptionKey {
+    /// Reads 64 hexadecimal characters (any case, surrounding blanks ignored).
+    ///
+    /// # Errors
+    ///
+    /// What is wrong with the text (its length, or a character that is not hexadecimal); the
+    /// text itself is never part of the message.
+    pub fn from_hex(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if text.len() != 64 {
+            return Err(format!(
+                "expected 64 hexadecimal characters (32 bytes), got {} characters",
+                text.chars().count()
+            ));
+        }
+        let mut key = [0u8; 32];
+        hex::decode_to_slice(text, &mut key)
+            .map_err(|_| "expected 64 hexadecimal characters (0-9, a-f)".to_string())?;
+        Ok(Self(key))
+    }
 }
 
 /// Which signatures `JWT_ALGORITHM` accepts.
@@ -759,7 +936,19 @@ impl Settings {
             file_buffer_dir: PathBuf::from(src.required(&FILE_BUFFER_DIR)?),
             workers: src.opt_count(&NUM_WORKERS)?.unwrap_or(cores as u64) as usize,
             log_level: src.choice(&LOG_LEVEL)?.to_string(),
+            log_json: src.choice(&LOG_FORMAT)? == "json",
+            metrics: src.flag(&QUEEN_METRICS)?,
             jwt: jwt_settings(src)?,
+            default_batch: src.count(&DEFAULT_BATCH_SIZE)? as usize,
+            default_timeout: src.duration(&DEFAULT_TIMEOUT)?,
+            default_subscription_new: src.choice(&DEFAULT_SUBSCRIPTION_MODE)? == "new",
+            encryption_key: match src.text(&QUEEN_ENCRYPTION_KEY) {
+                None => None,
+                Some(text) => Some(
+                    EncryptionKey::from_hex(&text)
+                        .map_err(|reason| invalid(&QUEEN_ENCRYPTION_KEY, "(redacted)", &reason))?,
+                ),
+            },
         })
     }
 }
@@ -972,6 +1161,43 @@ mod tests {
     }
 
     #[test]
+    fn pop_defaults_and_the_encryption_key_are_read_and_the_key_is_never_shown() {
+        let s = Settings::from_map(env(&[])).unwrap();
+        assert_eq!(s.default_batch, 1);
+        assert_eq!(s.default_timeout, Duration::from_millis(30_000));
+        assert!(!s.default_subscription_new);
+        assert!(s.encryption_key.is_none());
+        let key = "00112233445566778899AABBCCDDEEFF00112233445566778899aabbccddeeff";
+        let s = Settings::from_map(env(&[
+            ("DEFAULT_BATCH_SIZE", "50"),
+            ("DEFAULT_TIMEOUT", "2000"),
+            ("DEFAULT_SUBSCRIPTION_MODE", "NEW"),
+            ("QUEEN_ENCRYPTION_KEY", key),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (s.default_batch, s.default_timeout),
+            (50, Duration::from_millis(2000))
+        );
+        assert!(s.default_subscription_new);
+        let bytes = s.encryption_key.as_ref().unwrap().0;
+        assert_eq!((bytes[0], bytes[10], bytes[31]), (0x00, 0xaa, 0xff));
+        let shown = format!("{s:?}");
+        assert!(!shown.to_lowercase().contains("aabbccdd"), "{shown}");
+        for (name, value) in [
+            ("DEFAULT_BATCH_SIZE", "0"),
+            ("DEFAULT_TIMEOUT", "soon"),
+            ("DEFAULT_SUBSCRIPTION_MODE", "latest"),
+            ("QUEEN_ENCRYPTION_KEY", "abcd"),
+        ] {
+            let err = Settings::from_map(env(&[(name, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(name), "{err}");
+        }
+    }
+
+    #[test]
     fn zero_pool_size_is_refused() {
         let err = Settings::from_map(env(&[("DB_POOL_SIZE", "0")]))
             .unwrap_err()
@@ -1136,5 +1362,57 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("DATABASE_URL") && !err.contains("pw"), "{err}");
+    }
+
+    #[test]
+    fn the_command_line_is_the_table() {
+        let help = command().render_long_help().to_string();
+        for v in VARIABLES {
+            assert!(
+                help.contains(&format!("--{} ", flag_of(v))) && help.contains(v.name),
+                "--help does not show {}:\n{help}",
+                v.name
+            );
+        }
+        assert!(help.contains("[default: 6632]"), "{help}");
+        assert_eq!(command().get_arguments().count(), VARIABLES.len());
+    }
+
+    #[test]
+    fn a_flag_wins_over_its_variable_and_config_names_the_file() {
+        let s = Settings::from_command_line(
+            ["queen-broker", "--port", "7001", "--log-format", "json"],
+            env(&[("PORT", "7000")]),
+        )
+        .unwrap();
+        assert_eq!(s.port, 7001);
+        assert!(s.log_json);
+        let err = Settings::from_command_line(
+            ["queen-broker", "--config", "/nonexistent/queen.toml"],
+            HashMap::new(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("/nonexistent/queen.toml"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_argument_is_named() {
+        let err = Settings::from_command_line(["queen-broker", "--port", "http"], env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--port (PORT)") && err.contains("http"),
+            "{err}"
+        );
+        let err =
+            Settings::from_command_line(["queen-broker", "--prot", "1"], env(&[])).unwrap_err();
+        assert!(matches!(err, CommandLineError::Args(_)));
+        assert!(err.to_string().contains("--prot"), "{err}");
+        let help = Settings::from_command_line(["queen-broker", "--help"], env(&[])).unwrap_err();
+        match help {
+            CommandLineError::Args(e) => assert_eq!(e.exit_code(), 0),
+            other => panic!("--help: {other}"),
+        }
     }
 }

@@ -13,8 +13,10 @@ use broker_actors::registry::Registry;
 use broker_actors::spool::SpoolHandle;
 use sqlx::PgPool;
 
+use crate::metrics::Metrics;
 use crate::settings::Settings;
 use crate::storage::cache::SegmentCache;
+use crate::storage::crypto::PayloadKey;
 use crate::storage::{system, StorageError};
 use crate::wake::WakeHub;
 
@@ -83,6 +85,10 @@ pub struct AppState {
     pub broker_id: String,
     /// Committed segments and handed-out lease ranges this broker knows (consume path).
     pub cache: Arc<SegmentCache>,
+    /// This broker's metrics registry.
+    pub metrics: Arc<Metrics>,
+    /// The key of encrypted queues (`QUEEN_ENCRYPTION_KEY`), if set.
+    pub payload_key: Option<PayloadKey>,
 }
 
 /// Bytes currently admitted (for metrics and tests).

@@ -20,6 +20,7 @@ use tokio::sync::oneshot;
 
 use crate::error::StoreError;
 use crate::message::Item;
+use crate::observe::{CommitObserver, CommitReport};
 use crate::store::{SegmentOutcome, SegmentStore, SegmentWrite};
 
 /// A commit that did not happen: why, and the items, so they can go to the spool.
@@ -69,6 +70,7 @@ pub struct Committer<S: SegmentStore> {
     waiting: Vec<SegmentReady>,
     load: Arc<AtomicUsize>,
     limits: CommitterLimits,
+    observer: Option<Arc<dyn CommitObserver>>,
 }
 
 impl<S: SegmentStore> Committer<S> {
@@ -80,7 +82,15 @@ impl<S: SegmentStore> Committer<S> {
             waiting: Vec::new(),
             load,
             limits,
+            observer: None,
         }
+    }
+
+    /// Reports every commit to `observer`.
+    #[must_use]
+    pub fn with_observer(mut self, observer: Arc<dyn CommitObserver>) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// Starts the next transaction with everything waiting, unless one is in flight.
@@ -106,17 +116,27 @@ impl<S: SegmentStore> Committer<S> {
         }
         let batch: Vec<SegmentReady> = self.waiting.drain(..take).collect();
         let id = self.id;
+        let observer = self.observer.clone();
         let commit = async move {
             let (writes, replies): (Vec<SegmentWrite>, Vec<_>) =
                 batch.into_iter().map(|r| (r.write, r.reply)).unzip();
             let started = std::time::Instant::now();
             let result = store.commit(&writes).await;
+            let report = CommitReport {
+                segments: writes.len(),
+                items,
+                elapsed: started.elapsed(),
+                committed: result.is_ok(),
+            };
+            if let Some(observer) = &observer {
+                observer.committed(&report);
+            }
             tracing::trace!(
                 committer = id,
-                segments = writes.len(),
+                segments = report.segments,
                 items,
-                elapsed_us = started.elapsed().as_micros() as u64,
-                ok = result.is_ok(),
+                elapsed_us = report.elapsed.as_micros() as u64,
+                ok = report.committed,
                 "commit"
             );
             let results: Vec<Result<SegmentOutcome, StoreError>> = match result {

@@ -6,6 +6,7 @@
 //! - [`committer::Committer`]: merges ready segments of many partitions into one transaction
 //!   through a [`store::SegmentStore`].
 //! - [`spool`]: the disk spool that takes items whose commit failed, and replays them.
+//! - [`observe`]: the small trait through which committers report each commit (metrics).
 //! - [`codec`]: the bytes of one item, shared by the spool's records and the broker's stored
 //!   segment frames.
 //!
@@ -16,10 +17,11 @@ pub mod codec;
 pub mod committer;
 pub mod error;
 pub mod message;
+pub mod observe;
 pub mod partition;
 pub mod registry;
 pub mod spool;
 pub mod store;
 
 pub use error::PushError;
-pub use message::{Item, PartitionKey, Verdict};
+pub use message::{Item, PartitionKey, Refusal, Verdict};

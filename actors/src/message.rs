@@ -66,6 +66,35 @@ pub enum Verdict {
     Buffered,
     /// Neither stored nor spooled; the producer must retry.
     Failed,
+    /// Refused by the store for a reason of the queue's own (nothing written); on the wire
+    /// this is `failed`, with the reason as the item's `error`.
+    Refused(Refusal),
+}
+
+/// Why the store refused an item of a queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The queue already holds `limit` (its `maxSize`) messages that are not yet consumed.
+    QueueFull {
+        /// The queue's `maxSize`.
+        limit: i64,
+    },
+    /// The queue is encrypted and this broker has no `QUEEN_ENCRYPTION_KEY`.
+    NoKey,
+}
+
+impl Refusal {
+    /// The item's `error` text for a push to `queue`.
+    pub fn message(&self, queue: &str) -> String {
+        match self {
+            Refusal::QueueFull { limit } => format!(
+                "queue {queue} is full: maxSize {limit} messages not yet consumed; nothing stored"
+            ),
+            Refusal::NoKey => format!(
+                "queue {queue} has encryptionEnabled and this broker has no QUEEN_ENCRYPTION_KEY; nothing stored"
+            ),
+        }
+    }
 }
 
 impl Verdict {
@@ -75,7 +104,7 @@ impl Verdict {
             Verdict::Queued => "queued",
             Verdict::Duplicate(_) => "duplicate",
             Verdict::Buffered => "buffered",
-            Verdict::Failed => "failed",
+            Verdict::Failed | Verdict::Refused(_) => "failed",
         }
     }
 }

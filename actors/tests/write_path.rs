@@ -340,3 +340,42 @@ async fn pending_items_over_the_limit_are_refused_as_overloaded() {
         .await;
     assert_eq!(big.unwrap(), vec![Verdict::Queued; 5]);
 }
+
+/// Counts what committers report.
+#[derive(Default)]
+struct Reports(std::sync::Mutex<Vec<broker_actors::observe::CommitReport>>);
+
+impl broker_actors::observe::CommitObserver for Reports {
+    fn committed(&self, report: &broker_actors::observe::CommitReport) {
+        self.0.lock().unwrap().push(*report);
+    }
+}
+
+#[actix::test]
+async fn a_committer_reports_each_commit_to_its_observer() {
+    let (store, probe) = open_store();
+    let reports = std::sync::Arc::new(Reports::default());
+    let load = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let addr = broker_actors::committer::Committer::new(
+        0,
+        store,
+        load.clone(),
+        CommitterLimits::default(),
+    )
+    .with_observer(reports.clone())
+    .start();
+    let pool = CommitterPool::new(vec![(addr.recipient(), load)], usize::MAX);
+    submit(&pool, "a", 3).await.unwrap().unwrap();
+    probe.fail_commit(2);
+    assert!(submit(&pool, "b", 2).await.unwrap().is_err());
+    let got = reports.0.lock().unwrap().clone();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(
+        (got[0].segments, got[0].items, got[0].committed),
+        (1, 3, true)
+    );
+    assert_eq!(
+        (got[1].segments, got[1].items, got[1].committed),
+        (1, 2, false)
+    );
+}

@@ -47,9 +47,13 @@ async fn start(
 ) -> Result<(BrokerProcess, u64), BoxError> {
     let mut conn = PgConnection::connect(url).await?;
     db::setup_queue(&mut conn, scenario.partitions, scenario.dedup).await?;
+    if scenario.kind.encrypted() {
+        db::encrypt_queue(&mut conn).await?;
+    }
     conn.close().await?;
     let t = Instant::now();
-    let broker = BrokerProcess::start(&params.broker_bin, url, &params.broker_env).await?;
+    let env = crate::scenario::broker_env(&params.broker_env, scenario.kind);
+    let broker = BrokerProcess::start(&params.broker_bin, url, &env).await?;
     trace(params, "broker start", t);
     let primed = crate::load::prime(broker.port, scenario.partitions, params.connections).await?;
     Ok((broker, primed))
@@ -249,7 +253,16 @@ pub async fn pop_ack(
         Some(db) => Some(profile::begin(server, db, window.end).await?),
         None => None,
     };
+    let perf = profile::perf_window(
+        params.perf_dir.as_deref(),
+        &scenario.label(),
+        round,
+        window.secs(),
+    )?;
     tokio::time::sleep_until(window.end.into()).await;
+    if let Some(mut p) = perf {
+        p.wait().await?;
+    }
     let c1 = Counters::read(server, &targets, true).await?;
     stop.store(true, Ordering::Relaxed);
     let profile = match collecting {
@@ -365,7 +378,16 @@ pub async fn end_to_end(
         Some(db) => Some(profile::begin(server, db, window.end).await?),
         None => None,
     };
+    let perf = profile::perf_window(
+        params.perf_dir.as_deref(),
+        &scenario.label(),
+        round,
+        window.secs(),
+    )?;
     tokio::time::sleep_until(window.end.into()).await;
+    if let Some(mut p) = perf {
+        p.wait().await?;
+    }
     let c1 = Counters::read(server, &targets, true).await?;
     stop_producers.store(true, Ordering::Relaxed);
     let profile = match collecting {

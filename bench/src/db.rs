@@ -360,6 +360,19 @@ pub async fn setup_queue(
     Ok(ids)
 }
 
+/// Turns `encryptionEnabled` on for the bench queue (its payloads are then sealed at commit).
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn encrypt_queue(conn: &mut PgConnection) -> Result<(), BoxError> {
+    sqlx::query("UPDATE queen.queues SET encryption_enabled = true WHERE name = $1")
+        .bind(data::QUEUE)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// Messages and segments committed inside a window (by the segments' transaction time).
 ///
 /// # Errors

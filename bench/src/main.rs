@@ -64,7 +64,9 @@ struct Args {
     quick: bool,
     /// Suites to run. spool and consume run at 100 partitions (else the first of --partitions)
     /// with dedup on (unless --dedup off); consume adds the push-only scenario (batch 100) it is
-    /// compared with when the push suite does not measure it.
+    /// compared with when the push suite does not measure it. encryption (not run by default)
+    /// measures push and pop+ack on a queue with `encryptionEnabled` next to the same on a
+    /// plain queue (batch 100 each).
     #[arg(
         long,
         value_delimiter = ',',
@@ -148,6 +150,11 @@ struct Args {
     /// broker's commit log); costs a little throughput.
     #[arg(long)]
     profile: bool,
+    /// Record a CPU profile of the whole machine (`perf record -a -g`, Debian's linux-perf)
+    /// during each consuming window, one file per scenario and round in DIR
+    /// (`perf report -i FILE --sort comm,dso`).
+    #[arg(long, value_name = "DIR")]
+    perf: Option<PathBuf>,
     /// Print how long each setup step takes.
     #[arg(short, long)]
     verbose: bool,
@@ -190,6 +197,7 @@ struct Options {
     prefill: u64,
     paced: Vec<u32>,
     wakeups: usize,
+    perf: Option<PathBuf>,
 }
 
 /// The parts of the bench.
@@ -198,6 +206,8 @@ enum Suite {
     Push,
     Spool,
     Consume,
+    /// Push and pop+ack on an encrypted queue against a plain one.
+    Encryption,
 }
 
 impl Options {
@@ -238,6 +248,7 @@ impl Options {
             prefill: a.prefill,
             paced: a.paced,
             wakeups: a.wakeups,
+            perf: a.perf.clone(),
         };
         if o.rounds == 0
             || o.connections == 0
@@ -296,6 +307,23 @@ fn plan(o: &Options, can_stop_postgres: bool) -> Vec<Scenario> {
                 partitions,
                 dedup,
             });
+        }
+    }
+    if o.suites.contains(&Suite::Encryption) {
+        for kind in [
+            Kind::Broker { batch: 100 },
+            Kind::EncryptedPush { batch: 100 },
+            Kind::PopAck { batch: POP_BATCH },
+            Kind::EncryptedPopAck { batch: POP_BATCH },
+        ] {
+            let s = Scenario {
+                kind,
+                partitions,
+                dedup,
+            };
+            if !out.contains(&s) {
+                out.push(s);
+            }
         }
     }
     if o.suites.contains(&Suite::Consume) {
@@ -472,6 +500,7 @@ async fn run_on(
         consumers: o.consumers,
         prefill: o.prefill,
         wakeups: o.wakeups,
+        perf_dir: o.perf.clone(),
     };
     if o.suites.contains(&Suite::Spool) && !server.can_stop() {
         eprintln!(
@@ -536,6 +565,7 @@ async fn run_on(
     let spool_rows = results.spool_rows();
     let consume_rows = results.consume_rows();
     let wakeup_rows = results.wakeup_rows();
+    let encryption_rows = results.encryption_rows();
     let mut header = String::new();
     header.push_str(&format!("command: {argv}\n"));
     header.push_str(&format!(
@@ -583,6 +613,10 @@ async fn run_on(
         );
         println!("{}", report::wakeup_table(&wakeup_rows));
     }
+    if !encryption_rows.is_empty() {
+        println!("Encryption (encrypted queue against a plain one, same run):");
+        println!("{}", report::encryption_table(&encryption_rows));
+    }
     println!("Targets (medians of per-round ratios, same run):");
     println!("{}", report::targets_text(&targets));
     if let Some(path) = &o.json {
@@ -606,6 +640,7 @@ async fn run_on(
             "spool": spool_rows,
             "consuming": consume_rows,
             "wakeup": wakeup_rows,
+            "encryption": encryption_rows,
             "targets": targets,
             "measurements": results.all,
         });

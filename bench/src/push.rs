@@ -143,12 +143,15 @@ pub async fn run(
     let mut conn = PgConnection::connect(url).await?;
     let tag = crate::data::fresh_seed();
     let m = match scenario.kind {
-        Kind::Broker { batch } => {
+        Kind::Broker { batch } | Kind::EncryptedPush { batch } => {
             let t = Instant::now();
             db::setup_queue(&mut conn, scenario.partitions, scenario.dedup).await?;
+            if scenario.kind.encrypted() {
+                db::encrypt_queue(&mut conn).await?;
+            }
             trace(params, "setup", t);
             let t = Instant::now();
-            let mut env = params.broker_env.clone();
+            let mut env = crate::scenario::broker_env(&params.broker_env, scenario.kind);
             if params.profile {
                 env.push(("RUST_LOG".into(), "broker_actors::committer=trace".into()));
             }
@@ -288,7 +291,11 @@ pub async fn run(
             m.verified = stored as u64 == o.stats.total_msgs;
             m
         }
-        Kind::Spool { .. } | Kind::PopAck { .. } | Kind::EndToEnd { .. } | Kind::Wakeup => {
+        Kind::Spool { .. }
+        | Kind::PopAck { .. }
+        | Kind::EncryptedPopAck { .. }
+        | Kind::EndToEnd { .. }
+        | Kind::Wakeup => {
             conn.close().await?;
             return Err(format!("{} is not a push scenario", scenario.label()).into());
         }

@@ -56,6 +56,42 @@ pub struct Row {
     pub unverified: usize,
 }
 
+/// What encryption costs: an encrypted-queue scenario against the same scenario on a plain
+/// queue, medians of per-round ratios of the same run.
+#[derive(Clone, Debug, Serialize)]
+pub struct EncryptionRow {
+    /// The encrypted scenario's label.
+    pub label: String,
+    /// Median msg/s on the encrypted queue.
+    pub encrypted_msgs_per_sec: f64,
+    /// Median msg/s on the plain queue.
+    pub plain_msgs_per_sec: f64,
+    /// Encrypted over plain, msg/s and msg per CPU-second.
+    pub versus_plain: Option<Versus>,
+    /// CPU µs per message (broker + PostgreSQL + load generator) on the encrypted queue minus
+    /// on the plain one: the added cost per message.
+    pub added_cpu_us_per_msg: f64,
+}
+
+/// The encryption comparison as a Markdown table.
+pub fn encryption_table(rows: &[EncryptionRow]) -> String {
+    let mut out = String::from(
+        "| scenario | encrypted msg/s | plain msg/s | encrypted/plain | per CPU-s | added CPU µs/msg |\n| --- | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    for r in rows {
+        out += &format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            r.label,
+            kilo(r.encrypted_msgs_per_sec),
+            kilo(r.plain_msgs_per_sec),
+            opt(r.versus_plain.map(|v| v.throughput), 2),
+            opt(r.versus_plain.and_then(|v| v.per_cpu), 2),
+            num(r.added_cpu_us_per_msg, 1),
+        );
+    }
+    out
+}
+
 /// A comparison with a baseline: medians of per-round ratios.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Versus {
@@ -534,6 +570,8 @@ impl Results {
             Kind::Naive
             | Kind::Spool { .. }
             | Kind::PopAck { .. }
+            | Kind::EncryptedPush { .. }
+            | Kind::EncryptedPopAck { .. }
             | Kind::EndToEnd { .. }
             | Kind::Wakeup => (None, None, None, None),
         };
@@ -583,6 +621,49 @@ impl Results {
             .filter_map(|m| match &m.detail {
                 Some(Detail::Consume(d)) => Some((m, d)),
                 _ => None,
+            })
+            .collect()
+    }
+
+    /// One row per encrypted-queue scenario, against its plain counterpart of the same run.
+    pub fn encryption_rows(&self) -> Vec<EncryptionRow> {
+        self.scenarios_where(Kind::encrypted)
+            .into_iter()
+            .filter_map(|s| {
+                let plain_kind = match s.kind {
+                    Kind::EncryptedPush { batch } => Kind::Broker { batch },
+                    Kind::EncryptedPopAck { batch } => Kind::PopAck { batch },
+                    _ => return None,
+                };
+                let plain = Scenario {
+                    kind: plain_kind,
+                    ..s
+                };
+                let rate = |x: Scenario| {
+                    median(
+                        &self
+                            .of(x)
+                            .iter()
+                            .map(|m| m.msgs_per_sec)
+                            .collect::<Vec<_>>(),
+                    )
+                };
+                let us = |x: Scenario| {
+                    median(
+                        &self
+                            .of(x)
+                            .iter()
+                            .map(|m| m.cpu.ours() / m.msgs_per_sec * 1e6)
+                            .collect::<Vec<_>>(),
+                    )
+                };
+                Some(EncryptionRow {
+                    label: s.label(),
+                    encrypted_msgs_per_sec: rate(s),
+                    plain_msgs_per_sec: rate(plain),
+                    versus_plain: self.versus(s, plain),
+                    added_cpu_us_per_msg: us(s) - us(plain),
+                })
             })
             .collect()
     }
@@ -652,7 +733,7 @@ impl Results {
 
     /// One row per consuming scenario: medians over rounds, and the ratio to push-only.
     pub fn consume_rows(&self) -> Vec<ConsumeRow> {
-        self.scenarios_where(|k| matches!(k, Kind::PopAck { .. } | Kind::EndToEnd { .. }))
+        self.scenarios_where(Kind::is_consuming)
             .into_iter()
             .map(|s| {
                 let ms = self.consume_of(s);

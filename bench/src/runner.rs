@@ -45,7 +45,7 @@ async fn run_in(
     let profiled = params.profile.then_some(name);
     match scenario.kind {
         Kind::Spool { batch } => spool::run(server, params, scenario, round, url, batch).await,
-        Kind::PopAck { batch } => {
+        Kind::PopAck { batch } | Kind::EncryptedPopAck { batch } => {
             let run = consume::Run {
                 scenario,
                 round,
@@ -81,8 +81,10 @@ async fn run_in(
             };
             consume::wakeup(server, params, run).await
         }
-        Kind::Broker { .. } | Kind::SegmentRows | Kind::SegmentTxn | Kind::Naive => {
-            push::run(server, params, scenario, round, url, profiled).await
-        }
+        Kind::Broker { .. }
+        | Kind::EncryptedPush { .. }
+        | Kind::SegmentRows
+        | Kind::SegmentTxn
+        | Kind::Naive => push::run(server, params, scenario, round, url, profiled).await,
     }
 }

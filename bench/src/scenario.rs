@@ -42,6 +42,18 @@ pub enum Kind {
         /// the same round's push-only rate (batch `batch`), on a fixed schedule.
         pace_pct: u32,
     },
+    /// [`Kind::Broker`] to a queue with `encryptionEnabled` (the broker has a key): what
+    /// sealing each payload costs on the push path.
+    EncryptedPush {
+        /// Items per request.
+        batch: usize,
+    },
+    /// [`Kind::PopAck`] on a queue with `encryptionEnabled`: what opening each payload costs
+    /// on the pop path.
+    EncryptedPopAck {
+        /// Messages per pop.
+        batch: usize,
+    },
     /// Long-poll wake-up: one consumer waits (`wait=true`) on the empty queue, one message is
     /// pushed; push answered → pop answered, [`Params::wakeups`] times.
     Wakeup,
@@ -72,6 +84,36 @@ pub struct Scenario {
     pub dedup: bool,
 }
 
+/// The key the broker gets in the encryption scenarios (any 64 hex characters will do).
+pub const BENCH_KEY: &str = "4242424242424242424242424242424242424242424242424242424242424242";
+
+impl Kind {
+    /// Whether the queue of this scenario has `encryptionEnabled`.
+    pub fn encrypted(&self) -> bool {
+        matches!(
+            self,
+            Kind::EncryptedPush { .. } | Kind::EncryptedPopAck { .. }
+        )
+    }
+
+    /// Whether consumers are measured (the consuming table's rows).
+    pub fn is_consuming(&self) -> bool {
+        matches!(
+            self,
+            Kind::PopAck { .. } | Kind::EncryptedPopAck { .. } | Kind::EndToEnd { .. }
+        )
+    }
+}
+
+/// The broker's environment for `kind`: `extra` plus the key for the encryption scenarios.
+pub fn broker_env(extra: &[(String, String)], kind: Kind) -> Vec<(String, String)> {
+    let mut env = extra.to_vec();
+    if kind.encrypted() {
+        env.push(("QUEEN_ENCRYPTION_KEY".into(), BENCH_KEY.into()));
+    }
+    env
+}
+
 impl Scenario {
     /// A one-line label.
     pub fn label(&self) -> String {
@@ -90,6 +132,12 @@ impl Scenario {
                 "end-to-end, producers paced at {pace_pct}% of push-only, push batch {batch}, P={p}, dedup {d}"
             ),
             Kind::Wakeup => format!("long-poll wake-up, P={p}, dedup {d}"),
+            Kind::EncryptedPush { batch } => {
+                format!("broker, encrypted queue, batch {batch}, P={p}, dedup {d}")
+            }
+            Kind::EncryptedPopAck { batch } => {
+                format!("pop+ack, encrypted queue, batch {batch}, P={p}, dedup {d}")
+            }
             Kind::SegmentRows => format!("(1) segment rows by SQL, P={p}, dedup {d}"),
             Kind::SegmentTxn => format!("(1+) broker's txn by SQL, P={p}, dedup {d}"),
             Kind::Naive if self.dedup => format!("(2) naive + unique index, P={p}"),
@@ -126,6 +174,9 @@ pub struct Params {
     pub prefill: u64,
     /// Long-poll wake-up samples per round.
     pub wakeups: usize,
+    /// Record a CPU profile of the whole machine (`perf record -a -g`) during each consuming
+    /// window into this folder.
+    pub perf_dir: Option<PathBuf>,
 }
 
 /// Prints how long a setup step took (with `--verbose`).

@@ -23,6 +23,7 @@ async fn apply(state: &AppState, list: Vec<Ack>) -> Result<HttpResponse, ApiErro
         Ok(outcomes)
     })
     .await?;
+    state.metrics.acked(&list, &outcomes);
     let body: Vec<Value> = outcomes.iter().map(outcome_json).collect();
     Ok(HttpResponse::Ok().json(body))
 }

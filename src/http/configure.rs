@@ -2,9 +2,10 @@
 //!
 //! A full replace: every option left out (or `null`) goes back to its default, namespace and
 //! task go back to "". The reply echoes the options now in force, `dedupWindowSeconds`
-//! included, so a reset is visible. An option of the wrong type is a 400 naming it; so is a
-//! value this broker cannot honour yet, because storing it and then ignoring it would be a lie.
-//! Unknown keys are ignored, as Queen does.
+//! included, so a reset is visible. An option of the wrong type is a 400 naming it; so is
+//! `encryptionEnabled: true` on a broker without `QUEEN_ENCRYPTION_KEY` (storing plaintext for a
+//! queue that asked for encryption would be a lie). Unknown keys are ignored, as Queen does.
+//! `maxQueueSize` (Queen's column name) is read as `maxSize` when `maxSize` is absent or 0.
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::{json, Map, Value};
@@ -73,11 +74,7 @@ impl Options<'_> {
     }
 }
 
-fn unsupported(name: &str, why: &str) -> ApiError {
-    ApiError::BadRequest(format!("option {name} is not supported yet: {why}"))
-}
-
-/// Reads every option, defaults for the ones left out, and refuses what cannot be honoured.
+/// Reads every option, defaults for the ones left out.
 ///
 /// # Errors
 ///
@@ -85,7 +82,7 @@ fn unsupported(name: &str, why: &str) -> ApiError {
 pub fn parse_options(raw: &Map<String, Value>) -> Result<QueueOptions, ApiError> {
     let o = Options(raw);
     let d = QueueOptions::default();
-    let parsed = QueueOptions {
+    let mut parsed = QueueOptions {
         priority: o.int("priority", d.priority, i64::from(i32::MIN))?,
         lease_time: o.int("leaseTime", d.lease_time, 0)?,
         retry_limit: o.int("retryLimit", d.retry_limit, 0)?,
@@ -109,22 +106,8 @@ pub fn parse_options(raw: &Map<String, Value>) -> Result<QueueOptions, ApiError>
     };
     // Queen's server column is `maxQueueSize`; the clients send `maxSize`. Same option.
     let max_queue_size: i64 = o.int("maxQueueSize", 0, 0)?;
-    if parsed.max_size > 0 || max_queue_size > 0 {
-        let name = if parsed.max_size > 0 {
-            "maxSize"
-        } else {
-            "maxQueueSize"
-        };
-        return Err(unsupported(
-            name,
-            "no queue size limit is enforced; send 0 (no limit)",
-        ));
-    }
-    if parsed.encryption_enabled {
-        return Err(unsupported(
-            "encryptionEnabled",
-            "payloads are stored as received; send false",
-        ));
+    if parsed.max_size == 0 {
+        parsed.max_size = max_queue_size;
     }
     Ok(parsed)
 }
@@ -176,6 +159,13 @@ pub async fn configure(
 ) -> Result<HttpResponse, ApiError> {
     let bytes = read_body(&req, payload, state.settings.max_body_bytes).await?;
     let request = parse_configure(&parse_json(&bytes)?)?;
+    if request.options.encryption_enabled && state.payload_key.is_none() {
+        return Err(ApiError::BadRequest(
+            "option encryptionEnabled needs QUEEN_ENCRYPTION_KEY (64 hexadecimal characters) \
+             on the broker, and none is set"
+                .into(),
+        ));
+    }
     let mut conn = state.pool.acquire().await?;
     let configured = queues::configure(
         &mut conn,
@@ -270,17 +260,30 @@ mod tests {
     }
 
     #[test]
-    fn options_not_honoured_are_refused_by_name() {
-        for (option, value) in [
-            ("encryptionEnabled", json!(true)),
-            ("maxSize", json!(10)),
-            ("maxQueueSize", json!(10)),
-        ] {
-            let e = err(json!({"queue": "q", "options": {option: value}}));
-            assert!(
-                e.starts_with(&format!("option {option} is not supported yet")),
-                "{e}"
-            );
-        }
+    fn size_limit_and_encryption_are_read() {
+        let r = parse_configure(
+            &json!({"queue": "q", "options": {"maxSize": 10, "encryptionEnabled": true}}),
+        )
+        .unwrap();
+        assert_eq!(
+            (r.options.max_size, r.options.encryption_enabled),
+            (10, true)
+        );
+        let r =
+            parse_configure(&json!({"queue": "q", "options": {"maxSize": 0, "maxQueueSize": 7}}))
+                .unwrap();
+        assert_eq!(r.options.max_size, 7);
+        assert_eq!(
+            err(json!({"queue": "q", "options": {"maxSize": "10"}})),
+            "option maxSize must be a non-negative integer"
+        );
+        assert_eq!(
+            err(json!({"queue": "q", "options": {"maxSize": -1}})),
+            "option maxSize must be a non-negative integer"
+        );
+        assert_eq!(
+            err(json!({"queue": "q", "options": {"encryptionEnabled": 1}})),
+            "option encryptionEnabled must be a boolean"
+        );
     }
 }

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use crate::http::error::{with_db, ApiError};
 use crate::protocol::time::{iso_micros, iso_millis};
 use crate::state::AppState;
-use crate::storage::{dlq, StorageError};
+use crate::storage::{crypto, dlq, StorageError};
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -64,12 +64,29 @@ pub async fn list(
         dlq::list(&mut conn, queue.as_deref(), group.as_deref(), limit, offset).await
     })
     .await?;
+    // A sealed payload is opened; one that does not open is logged and shown as null.
+    let opened: Vec<Option<String>> = rows
+        .iter()
+        .map(|r| {
+            if !r.payload_sealed {
+                return Some(r.payload.clone());
+            }
+            crypto::open_with(state.payload_key.as_ref(), &r.payload)
+                .map_err(|e| {
+                    tracing::error!(message_id = %r.message_id, queue = %r.queue, error = %e,
+                        "a dead letter's payload cannot be decrypted; shown as null");
+                })
+                .ok()
+        })
+        .collect();
     let mut messages = Vec::with_capacity(rows.len());
-    for r in &rows {
+    for (r, text) in rows.iter().zip(&opened) {
         let data: &RawValue =
-            serde_json::from_str(&r.payload).map_err(|source| StorageError::PayloadNotJson {
-                what: format!("dead letter {}", r.message_id),
-                source,
+            serde_json::from_str(text.as_deref().unwrap_or("null")).map_err(|source| {
+                StorageError::PayloadNotJson {
+                    what: format!("dead letter {}", r.message_id),
+                    source,
+                }
             })?;
         messages.push(Letter {
             id: r.message_id,

@@ -1,6 +1,8 @@
 //! `GET /api/v1/messages` and `GET /api/v1/messages/{partitionId}/{transactionId}` (reference
 //! §9.3): messages decoded from their segments for operators. Payloads are sent exactly as they
-//! were pushed (raw JSON text, never re-encoded), under `payload`.
+//! were pushed (raw JSON text, never re-encoded), under `payload`; the payloads of an encrypted
+//! queue are opened first. One that cannot be opened (another key, changed bytes, no key) is
+//! logged with its id and shown as `null`, never as the sealed text.
 //!
 //! Fields that describe consumer state (`status`, `queueStatus`, `busStatus`, `leaseExpiresAt`,
 //! `mode`, the detail's `consumerGroups`) come from `storage::progress`, which documents the
@@ -17,7 +19,8 @@ use uuid::Uuid;
 use crate::http::error::ApiError;
 use crate::protocol::time::iso_millis;
 use crate::state::AppState;
-use crate::storage::messages::{self, Filter, Listed, MessageStatus, Page};
+use crate::storage::crypto::{self, PayloadKey};
+use crate::storage::messages::{self, Filter, Listed, MessageStatus, Page, StoredMessage};
 use crate::storage::{queues, StorageError};
 
 /// Default and largest page of the list.
@@ -51,11 +54,26 @@ struct MessageView<'a> {
     queue_priority: i32,
     created_at: String,
     lease_expires_at: Option<String>,
-    payload: Box<RawValue>,
+    payload: Option<Box<RawValue>>,
+}
+
+/// The payload as the producer sent it: opened when sealed; `None` (logged) when that fails.
+fn payload_text(m: &StoredMessage, key: Option<&PayloadKey>) -> Option<String> {
+    if !m.encrypted {
+        return Some(m.payload.clone());
+    }
+    match crypto::open_with(key, &m.payload) {
+        Ok(text) => Some(text),
+        Err(e) => {
+            tracing::error!(message_id = %m.id, queue = %m.queue, partition = %m.partition,
+                error = %e, "a stored payload cannot be decrypted; shown as null");
+            None
+        }
+    }
 }
 
 impl<'a> MessageView<'a> {
-    fn new(listed: &'a Listed) -> Result<Self, ApiError> {
+    fn new(listed: &'a Listed, key: Option<&PayloadKey>) -> Result<Self, ApiError> {
         let m = &listed.message;
         let created_at = DateTime::from_timestamp_micros(m.created_at_micros).unwrap_or_default();
         Ok(Self {
@@ -79,12 +97,14 @@ impl<'a> MessageView<'a> {
             created_at: iso_millis(created_at),
             lease_expires_at: listed.lease_expires_at.map(iso_millis),
             // Validated JSON at push time; a frame that is not is corruption, not a 400.
-            payload: RawValue::from_string(m.payload.clone()).map_err(|source| {
-                StorageError::PayloadNotJson {
-                    what: format!("message {}", m.id),
-                    source,
-                }
-            })?,
+            payload: payload_text(m, key)
+                .map(|text| {
+                    RawValue::from_string(text).map_err(|source| StorageError::PayloadNotJson {
+                        what: format!("message {}", m.id),
+                        source,
+                    })
+                })
+                .transpose()?,
         })
     }
 }
@@ -163,7 +183,7 @@ pub async fn list(
     let views = page
         .messages
         .iter()
-        .map(MessageView::new)
+        .map(|listed| MessageView::new(listed, state.payload_key.as_ref()))
         .collect::<Result<Vec<_>, _>>()?;
     // A struct, not `json!`: a `Value` would re-encode the raw payloads.
     #[derive(Serialize)]
@@ -229,8 +249,8 @@ pub async fn detail(
         .collect();
     let (error_message, retry_count) = found.dead_letter.clone().unwrap_or((None, 0));
     let detail = MessageDetail {
-        message: MessageView::new(&found.listed)?,
-        is_encrypted: false,
+        message: MessageView::new(&found.listed, state.payload_key.as_ref())?,
+        is_encrypted: found.listed.message.encrypted,
         error_message,
         retry_count,
         queue_config: serde_json::json!({
@@ -244,6 +264,39 @@ pub async fn detail(
         consumer_groups,
     };
     Ok(HttpResponse::Ok().json(detail))
+}
+
+/// `DELETE /api/v1/messages/{partitionId}/{transactionId}`: always 200 with `success`.
+///
+/// Messages live in immutable segments, several per row, and every broker caches segments on
+/// the promise that they never change, so one message cannot be taken out of one. The route
+/// finds the message and answers `success: false` saying so (and `Message not found` for an
+/// unknown one); removing messages is done by deleting the queue or by retention.
+pub async fn delete(
+    path: web::Path<(String, String)>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let (partition_id, transaction_id) = path.into_inner();
+    let found = match Uuid::parse_str(&partition_id) {
+        Ok(partition) => {
+            let mut conn = state.pool.acquire().await?;
+            messages::find(&mut conn, partition, &transaction_id).await?
+        }
+        Err(_) => None,
+    };
+    let message = match found {
+        None => "Message not found",
+        Some(_) => {
+            "messages are stored in immutable segments and cannot be deleted one by one; \
+             delete the queue, or let retention remove them"
+        }
+    };
+    Ok(HttpResponse::Ok().json(serde_json::json!({
+        "success": false,
+        "partitionId": partition_id,
+        "transactionId": transaction_id,
+        "message": message,
+    })))
 }
 
 #[cfg(test)]

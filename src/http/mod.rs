@@ -5,9 +5,11 @@
 //! ([`gate`]) reads the same table for every request: a route added here is checked
 //! with no other change, and with auth on a path missing from the table is never served.
 
+pub mod access;
 pub mod ack;
 pub mod body;
 pub mod configure;
+pub mod dashboard;
 pub mod dlq;
 pub mod error;
 pub mod gate;
@@ -18,10 +20,14 @@ pub mod lease;
 pub mod maintenance;
 pub mod messages;
 pub mod metrics;
+pub mod observe;
+pub mod openapi;
 pub mod pop;
 pub mod push;
 pub mod quarantine;
 pub mod resources;
+pub mod status;
+pub mod traces;
 pub mod transaction;
 
 use actix_web::http::{header, Method};
@@ -100,8 +106,35 @@ pub fn routes() -> Vec<Route> {
         Route::new(Method::GET, "/api/v1/system/maintenance/pop", Capability::Admin, |r| r.to(maintenance::get_pop)),
         Route::new(Method::POST, "/api/v1/system/maintenance/pop", Capability::Admin, |r| r.to(maintenance::set_pop)),
         Route::new(Method::GET, "/api/v1/system/shared-state", Capability::Admin, |r| r.to(maintenance::shared_state)),
+        Route::new(Method::GET, "/api/v1/access", Capability::Read, |r| r.to(access::access)),
+        Route::new(Method::GET, "/", Capability::Public, |r| r.to(dashboard::index)),
+        Route::new(Method::GET, "/dashboard/{file}", Capability::Public, |r| r.to(dashboard::file)),
+        // Traces, status and analytics, stats refresh, message delete (reference §9.3, §9.4, §9.6).
+        Route::new(Method::POST, "/api/v1/traces", Capability::Consume, |r| r.to(traces::record)),
+        Route::new(Method::GET, "/api/v1/traces/names", Capability::Read, |r| r.to(traces::names)),
+        Route::new(Method::GET, "/api/v1/traces/by-name/{name}", Capability::Read, |r| r.to(traces::by_name)),
+        Route::new(Method::GET, "/api/v1/traces/{partitionId}/{transactionId}", Capability::Read, |r| r.to(traces::of_message)),
+        Route::new(Method::GET, "/api/v1/status", Capability::Read, |r| r.to(status::overview)),
+        Route::new(Method::GET, "/api/v1/status/queues", Capability::Read, |r| r.to(status::queues_list)),
+        Route::new(Method::GET, "/api/v1/status/queues/{queue}", Capability::Read, |r| r.to(status::queue_detail)),
+        Route::new(Method::GET, "/api/v1/status/queues/{queue}/messages", Capability::Read, |r| r.to(status::queue_messages)),
+        Route::new(Method::GET, "/api/v1/status/analytics", Capability::Read, |r| r.to(status::analytics)),
+        Route::new(Method::GET, "/api/v1/status/buffers", Capability::Read, |r| r.to(status::buffers_route)),
+        Route::new(Method::GET, "/api/v1/analytics/{name}", Capability::Read, |r| r.to(status::named)),
+        Route::new(Method::POST, "/api/v1/stats/refresh", Capability::Admin, |r| r.to(status::refresh)),
+        Route::new(Method::DELETE, "/api/v1/messages/{partitionId}/{transactionId}", Capability::Configure, |r| r.to(messages::delete)),
+        Route::new(Method::GET, "/api/v1/openapi.json", Capability::Read, |r| r.to(openapi_json)),
         Route::new(Method::GET, "/api/v1/system/quarantine", Capability::Admin, |r| r.to(quarantine::list)),
     ]
+}
+
+/// `GET /api/v1/openapi.json`: the OpenAPI document of [`routes`] ([`openapi`]), built once.
+async fn openapi_json() -> HttpResponse {
+    static DOCUMENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let body = DOCUMENT.get_or_init(|| openapi::document(&routes()).to_string());
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(body.as_str())
 }
 
 /// The paths of [`routes`], as the router matches them (for the input checks of [`inputs`]).

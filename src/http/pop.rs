@@ -5,6 +5,10 @@
 //! The handler never decides who gets what: that is `storage::consume`, in PostgreSQL. It
 //! only waits (on the wake hub, with a periodic re-check for lease expiry and delayed
 //! messages) and formats.
+//!
+//! The payloads of an encrypted queue are opened where the answer is written (`respond`); a
+//! message whose payload cannot be opened is logged with its id and left out of the answer (its
+//! lease runs out as usual), so nothing sealed or unauthenticated reaches a consumer.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -15,15 +19,32 @@ use chrono::{DateTime, Utc};
 
 use crate::http::error::{with_db, ApiError};
 use crate::protocol::time::micros_iso;
+use crate::settings::Settings;
 use crate::state::AppState;
 use crate::storage::consume::{self, PopRequest, Popped, SubscriptionStart, QUEUE_MODE};
+use crate::storage::crypto::{self, PayloadKey};
 use crate::storage::StorageError;
 use crate::wake::WakeKey;
 
-/// `batch` when the query leaves it out (Queen's `DEFAULT_BATCH_SIZE`).
-pub const DEFAULT_BATCH: usize = 1;
-/// `timeout` in ms when the query leaves it out (Queen's `DEFAULT_TIMEOUT`).
-pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
+/// What a pop query leaves out: `DEFAULT_BATCH_SIZE`, `DEFAULT_TIMEOUT`,
+/// `DEFAULT_SUBSCRIPTION_MODE`.
+#[derive(Debug, Clone, Copy)]
+struct Defaults {
+    batch: usize,
+    timeout: Duration,
+    subscription_new: bool,
+}
+
+impl Defaults {
+    fn of(settings: &Settings) -> Self {
+        Self {
+            batch: settings.default_batch,
+            timeout: settings.default_timeout,
+            subscription_new: settings.default_subscription_new,
+        }
+    }
+}
+
 /// The query of the three pop routes, interpreted as Queen does (§1, §4.2).
 #[derive(Debug, Clone)]
 struct PopParams {
@@ -49,7 +70,7 @@ fn int<T: std::str::FromStr>(q: &HashMap<String, String>, key: &str, default: T)
 }
 
 impl PopParams {
-    fn parse(q: &HashMap<String, String>) -> Self {
+    fn parse(q: &HashMap<String, String>, defaults: Defaults) -> Self {
         let group = q
             .get("consumerGroup")
             .filter(|g| !g.is_empty())
@@ -61,14 +82,16 @@ impl PopParams {
             SubscriptionStart::New
         } else if let Ok(t) = DateTime::parse_from_rfc3339(from) {
             SubscriptionStart::From(t.with_timezone(&Utc))
+        } else if mode.is_empty() && from.is_empty() && defaults.subscription_new {
+            SubscriptionStart::New
         } else {
             SubscriptionStart::All
         };
         Self {
-            batch: int::<i64>(q, "batch", DEFAULT_BATCH as i64).max(1) as usize,
+            batch: int::<i64>(q, "batch", defaults.batch as i64).max(1) as usize,
             partitions: int::<i64>(q, "partitions", 1).max(1) as usize,
             wait: flag(q, "wait"),
-            timeout: Duration::from_millis(int(q, "timeout", DEFAULT_TIMEOUT_MS)),
+            timeout: Duration::from_millis(int(q, "timeout", defaults.timeout.as_millis() as u64)),
             group,
             auto_ack: flag(q, "autoAck"),
             start,
@@ -93,7 +116,7 @@ pub async fn pop_queue(
 ) -> Result<HttpResponse, ApiError> {
     serve(
         &state,
-        &PopParams::parse(&query),
+        &PopParams::parse(&query, Defaults::of(&state.settings)),
         Source::Queue(path.into_inner()),
     )
     .await
@@ -108,7 +131,7 @@ pub async fn pop_partition(
     let (queue, partition) = path.into_inner();
     serve(
         &state,
-        &PopParams::parse(&query),
+        &PopParams::parse(&query, Defaults::of(&state.settings)),
         Source::Partition(queue, partition),
     )
     .await
@@ -119,7 +142,7 @@ pub async fn pop_matching(
     query: web::Query<HashMap<String, String>>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let params = PopParams::parse(&query);
+    let params = PopParams::parse(&query, Defaults::of(&state.settings));
     let source = Source::Matching(params.namespace.clone(), params.task.clone());
     serve(&state, &params, source).await
 }
@@ -181,10 +204,11 @@ async fn serve(
         })
         .await?;
         if let Some(popped) = popped {
+            state.metrics.popped(&popped);
             if params.wait {
                 state.wake.pass_on(&key);
             }
-            return respond(&popped, &params.group);
+            return respond(&popped, &params.group, state.payload_key.as_ref());
         }
         let now = Instant::now();
         if !params.wait || now >= deadline {
@@ -207,7 +231,11 @@ macro_rules! write {
 /// Writes the pop answer (§4.3) straight from the stored frames: every payload was validated
 /// JSON when it was pushed and is stored verbatim, so it is copied into the body as it is,
 /// never parsed again. The other fields are JSON-escaped strings, UUIDs and integers.
-fn respond(popped: &Popped, group: &str) -> Result<HttpResponse, ApiError> {
+fn respond(
+    popped: &Popped,
+    group: &str,
+    key: Option<&PayloadKey>,
+) -> Result<HttpResponse, ApiError> {
     let lease = popped.lease_id.map(|l| l.to_string()).unwrap_or_default();
     let first = popped
         .deliveries
@@ -244,6 +272,23 @@ fn respond(popped: &Popped, group: &str) -> Result<HttpResponse, ApiError> {
     for (d, frames) in &decoded {
         let partition_json = json_str(&d.partition);
         for f in frames {
+            let opened;
+            let payload = if f.encrypted {
+                match crypto::open_with(key, f.payload) {
+                    Ok(text) => {
+                        opened = text;
+                        opened.as_str()
+                    }
+                    Err(e) => {
+                        tracing::error!(message_id = %f.id, queue = %popped.queue,
+                            partition = %d.partition, error = %e,
+                            "a stored payload cannot be decrypted; message left out of the pop");
+                        continue;
+                    }
+                }
+            } else {
+                f.payload
+            };
             if comma {
                 out.push(b',');
             }
@@ -267,13 +312,17 @@ fn respond(popped: &Popped, group: &str) -> Result<HttpResponse, ApiError> {
                 ",\"createdAt\":\"{}\",\"data\":",
                 micros_iso(f.created_at_micros)
             );
-            out.extend_from_slice(f.payload.as_bytes());
+            out.extend_from_slice(payload.as_bytes());
             out.extend_from_slice(b",\"producerSub\":");
             out.extend_from_slice(opt_json_str(f.producer_sub).as_bytes());
             out.extend_from_slice(b",\"traceId\":");
             out.extend_from_slice(opt_json_str(f.trace_id).as_bytes());
             write!(out, ",\"retryCount\":{}}}", d.retry_count);
         }
+    }
+    if !comma {
+        // Every message failed to open (logged above): nothing to deliver.
+        return Ok(HttpResponse::NoContent().finish());
     }
     write!(out, "],\"partitionsClaimed\":{}}}", popped.deliveries.len());
     Ok(HttpResponse::Ok()
@@ -304,27 +353,49 @@ mod tests {
 
     #[test]
     fn query_is_read_the_way_queen_reads_it() {
-        let p = PopParams::parse(&q(&[]));
+        let d = Defaults {
+            batch: 1,
+            timeout: Duration::from_millis(30_000),
+            subscription_new: false,
+        };
+        let p = PopParams::parse(&q(&[]), d);
         assert_eq!(
             (p.batch, p.partitions, p.wait, p.auto_ack),
             (1, 1, false, false)
         );
         assert_eq!(p.group, QUEUE_MODE);
         assert_eq!(p.timeout, Duration::from_millis(30_000));
-        let p = PopParams::parse(&q(&[
-            ("batch", "0"),
-            ("wait", "1"),
-            ("autoAck", "yes"),
-            ("timeout", "abc"),
-            ("consumerGroup", "g"),
-            ("subscriptionMode", "new-only"),
-        ]));
+        let p = PopParams::parse(
+            &q(&[
+                ("batch", "0"),
+                ("wait", "1"),
+                ("autoAck", "yes"),
+                ("timeout", "abc"),
+                ("consumerGroup", "g"),
+                ("subscriptionMode", "new-only"),
+            ]),
+            d,
+        );
         assert_eq!((p.batch, p.wait, p.auto_ack), (1, true, false));
         assert_eq!(p.timeout, Duration::from_millis(30_000));
         assert_eq!(p.start, SubscriptionStart::New);
-        let p = PopParams::parse(&q(&[("subscriptionFrom", "2024-01-02T03:04:05Z")]));
+        let p = PopParams::parse(&q(&[("subscriptionFrom", "2024-01-02T03:04:05Z")]), d);
         assert!(matches!(p.start, SubscriptionStart::From(_)));
-        let p = PopParams::parse(&q(&[("subscriptionFrom", "yesterday")]));
+        let p = PopParams::parse(&q(&[("subscriptionFrom", "yesterday")]), d);
         assert_eq!(p.start, SubscriptionStart::All);
+    }
+
+    #[test]
+    fn the_default_settings_decide_what_the_query_leaves_out() {
+        let d = Defaults {
+            batch: 50,
+            timeout: Duration::from_millis(2_000),
+            subscription_new: true,
+        };
+        let p = PopParams::parse(&q(&[("consumerGroup", "g")]), d);
+        assert_eq!((p.batch, p.timeout), (50, Duration::from_millis(2_000)));
+        assert_eq!(p.start, SubscriptionStart::New);
+        let p = PopParams::parse(&q(&[("batch", "3"), ("subscriptionMode", "all")]), d);
+        assert_eq!((p.batch, p.start), (3, SubscriptionStart::All));
     }
 }

@@ -72,6 +72,10 @@ pub async fn push_items(
                 transaction_id,
                 queue_name: parsed[index].queue.clone(),
                 status: verdict.as_str().to_string(),
+                error: match verdict {
+                    Verdict::Refused(why) => Some(why.message(&key.queue)),
+                    _ => None,
+                },
             });
         }
     }
@@ -110,6 +114,9 @@ pub async fn push(
     }
     let items = mint(&mut parsed, caller.producer_sub());
     let results = push_items(&state, &parsed, items).await?;
+    state
+        .metrics
+        .pushed(results.iter().map(|r| r.status.as_str()));
     // The one push whose trouble shows in the status: maintenance mode with a failed spool write.
     if state.spool.state.maintenance() && results.iter().any(|r| r.status == "failed") {
         return Ok(HttpResponse::InternalServerError().json(results));

@@ -147,7 +147,7 @@ pub async fn transaction(
     drop(bytes);
     let done = with_db(&state, async {
         let mut conn = state.pool.acquire().await?;
-        transaction::apply(&mut conn, &state.cache, &plan).await
+        transaction::apply(&mut conn, &state.cache, state.payload_key.as_ref(), &plan).await
     })
     .await?;
     for key in &done.woken {

@@ -163,6 +163,10 @@ pub struct PushResult {
     pub queue_name: String,
     /// `queued`, `duplicate`, `buffered` or `failed`.
     pub status: String,
+    /// Why a `failed` item was refused by its queue (`maxSize` reached, no encryption key);
+    /// absent otherwise (a `failed` from a spool write has no text, as the seed says).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Turns validated items into write-path items, minting ids; `producer_sub` is stamped on all.

@@ -173,6 +173,23 @@ impl SegmentCache {
             .collect()
     }
 
+    /// The `n` segments cached last, newest first, with their partition ids: what a
+    /// queue-level pop that does not know its partition yet tells PostgreSQL not to send
+    /// (fresh data is what live consumers read). The caller keeps the `Arc`s.
+    pub fn newest(&self, n: usize) -> Vec<(i64, Arc<CachedSegment>)> {
+        let inner = self.inner.lock().expect("segment cache lock poisoned");
+        inner
+            .order
+            .iter()
+            .rev()
+            .filter_map(|&(pid, base)| {
+                let seg = inner.by_partition.get(&pid)?.get(&base)?;
+                Some((pid, seg.clone()))
+            })
+            .take(n)
+            .collect()
+    }
+
     /// One cached segment.
     pub fn get(&self, partition_id: i64, base_offset: i64) -> Option<Arc<CachedSegment>> {
         let inner = self.inner.lock().expect("segment cache lock poisoned");

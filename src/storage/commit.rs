@@ -8,6 +8,16 @@
 //! sidecar rows, and queues one `NOTIFY queen_push` naming the written partitions (delivered at
 //! COMMIT, so other brokers wake their long-polls) · COMMIT. Nothing is written for a duplicate.
 //!
+//! Two queue options act here, under the same locks:
+//! - `maxSize` (> 0): after the partition locks, the transaction takes an advisory lock per
+//!   limited queue (in queue id order, so commits never deadlock on them) and then counts, in a
+//!   statement of its own (so it sees every commit that held the lock before), the queue's
+//!   messages not yet consumed. Items beyond the room left are refused
+//!   ([`Refusal::QueueFull`], `failed` on the wire); the rest of the batch is unaffected. A
+//!   queue without a limit costs nothing more than two columns of the lock statement.
+//! - `encryptionEnabled`: the segment's payloads are sealed ([`crate::storage::crypto`]); a
+//!   broker without a key refuses the items ([`Refusal::NoKey`]) rather than store plaintext.
+//!
 //! [`write_segments`] is the part between BEGIN and COMMIT, so `POST /api/v1/transaction` runs
 //! the same statements inside its own transaction.
 
@@ -16,7 +26,7 @@ use std::time::Duration;
 
 use broker_actors::error::StoreError;
 use broker_actors::store::{SegmentOutcome, SegmentStore, SegmentWrite};
-use broker_actors::{Item, PartitionKey, Verdict};
+use broker_actors::{Item, PartitionKey, Refusal, Verdict};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, Executor, PgConnection, Row};
 use uuid::Uuid;
@@ -24,6 +34,7 @@ use uuid::Uuid;
 use std::sync::Arc;
 
 use crate::storage::cache::SegmentCache;
+use crate::storage::crypto::PayloadKey;
 use crate::storage::dedup::{self, Original, Probe, Secret};
 use crate::storage::error::StorageError;
 use crate::storage::{frames, partitions};
@@ -32,6 +43,7 @@ use crate::storage::{frames, partitions};
 pub struct PgStore {
     options: PgConnectOptions,
     cache: Option<Arc<SegmentCache>>,
+    key: Option<PayloadKey>,
     conn: Option<PgConnection>,
     connect_timeout: Duration,
     commit_timeout: Duration,
@@ -49,6 +61,7 @@ impl PgStore {
         Self {
             options,
             cache: None,
+            key: None,
             conn: None,
             connect_timeout,
             commit_timeout,
@@ -60,6 +73,13 @@ impl PgStore {
     /// Keeps a copy of every segment this store commits in `cache`, for the pops that follow.
     pub fn with_cache(mut self, cache: Arc<SegmentCache>) -> Self {
         self.cache = Some(cache);
+        self
+    }
+
+    /// Seals the payloads of queues with `encryptionEnabled` with `key` (without one, their
+    /// items are refused).
+    pub fn with_key(mut self, key: Option<PayloadKey>) -> Self {
+        self.key = key;
         self
     }
 }
@@ -77,7 +97,8 @@ impl SegmentStore for PgStore {
         }
         let conn = self.conn.as_mut().expect("connected above");
         let cache = self.cache.as_deref();
-        match tokio::time::timeout(self.commit_timeout, commit_batch(conn, batch, cache)).await {
+        let commit = commit_batch(conn, batch, cache, self.key.as_ref());
+        match tokio::time::timeout(self.commit_timeout, commit).await {
             Ok(Ok(outcomes)) => Ok(outcomes),
             Ok(Err(e)) => {
                 // Whatever state the session is in, a fresh one is the safe next step.
@@ -110,6 +131,19 @@ pub fn classify(e: StorageError) -> StoreError {
 struct Locked {
     next_offset: i64,
     window_secs: i32,
+    queue_id: i64,
+    /// The queue's `maxSize` (0: no limit).
+    max_size: i64,
+    /// The queue's `encryptionEnabled`.
+    encrypted: bool,
+}
+
+/// What the queue options decided for this batch, read under the locks.
+struct Limits<'k> {
+    /// Messages each limited queue may still take (queue id → room).
+    room: HashMap<i64, i64>,
+    /// The key that seals the payloads of encrypted queues.
+    key: Option<&'k PayloadKey>,
 }
 
 /// Commits `batch` in one transaction; see the module docs. Once COMMIT has returned, the
@@ -124,6 +158,7 @@ pub async fn commit_batch(
     conn: &mut PgConnection,
     batch: &[SegmentWrite],
     cache: Option<&SegmentCache>,
+    key: Option<&PayloadKey>,
 ) -> Result<Vec<SegmentOutcome>, StorageError> {
     // An id an actor cached may belong to a partition deleted since (its queue was deleted
     // through the admin route): such keys are resolved again once, which recreates them.
@@ -131,7 +166,7 @@ pub async fn commit_batch(
     loop {
         let ids = resolve_ids_except(conn, batch, &stale).await?;
         let written = match lock_partitions(conn, &ids, true).await {
-            Ok((locked, secret)) => write_locked(conn, batch, &ids, locked, secret).await,
+            Ok((locked, secret)) => write_locked(conn, batch, &ids, locked, secret, key).await,
             Err(e) => Err(e),
         };
         match written {
@@ -245,9 +280,10 @@ pub async fn write_segments(
     tx: &mut PgConnection,
     batch: &[SegmentWrite],
     ids: &[i64],
+    key: Option<&PayloadKey>,
 ) -> Result<Vec<SegmentOutcome>, WriteError> {
     let (locked, secret) = lock_partitions(tx, ids, false).await?;
-    Ok(write_locked(tx, batch, ids, locked, secret).await?.0)
+    Ok(write_locked(tx, batch, ids, locked, secret, key).await?.0)
 }
 
 /// A segment written by [`write_locked`].
@@ -257,6 +293,10 @@ struct NewSegment {
     count: i32,
     frames: Vec<u8>,
 }
+
+/// A locked partition's row: id, next offset, dedup window, queue id, `maxSize`, whether the
+/// queue encrypts, and the database's dedup secret.
+type LockRow = (i64, i64, i32, i64, i64, bool, Option<Vec<u8>>);
 
 /// Locks the partitions' rows in ascending id order (two brokers committing overlapping sets
 /// queue behind each other instead of deadlocking) and reads each one's next offset and dedup
@@ -272,13 +312,14 @@ async fn lock_partitions(
     lock_ids.dedup();
     // The dedup secret rides along: no extra round trip.
     const LOCK: &str = "SELECT p.id, p.next_offset, q.dedup_window_seconds,
+                q.id, q.max_size, q.encryption_enabled,
                 (SELECT secret FROM queen.dedup_secret) AS secret
            FROM queen.partitions p
            JOIN queen.queues q ON q.id = p.queue_id
           WHERE p.id = ANY($1)
           ORDER BY p.id
             FOR UPDATE OF p";
-    let rows: Vec<(i64, i64, i32, Option<Vec<u8>>)> = if begin {
+    let rows: Vec<LockRow> = if begin {
         let list: Vec<String> = lock_ids.iter().map(i64::to_string).collect();
         let sql = format!(
             "BEGIN; {}",
@@ -291,6 +332,9 @@ async fn lock_partitions(
                 row.try_get(1)?,
                 row.try_get(2)?,
                 row.try_get(3)?,
+                row.try_get(4)?,
+                row.try_get(5)?,
+                row.try_get(6)?,
             ));
         }
         rows
@@ -300,21 +344,26 @@ async fn lock_partitions(
             .fetch_all(&mut *conn)
             .await?
     };
-    let secret = match rows.first().and_then(|r| r.3.as_deref()) {
+    let secret = match rows.first().and_then(|r| r.6.as_deref()) {
         Some(bytes) => Some(Secret::from_stored(bytes)?),
         None => None,
     };
     let locked: HashMap<i64, Locked> = rows
         .into_iter()
-        .map(|(id, next_offset, window_secs, _)| {
-            (
-                id,
-                Locked {
-                    next_offset,
-                    window_secs,
-                },
-            )
-        })
+        .map(
+            |(id, next_offset, window_secs, queue_id, max_size, encrypted, _)| {
+                (
+                    id,
+                    Locked {
+                        next_offset,
+                        window_secs,
+                        queue_id,
+                        max_size,
+                        encrypted,
+                    },
+                )
+            },
+        )
         .collect();
     if locked.len() != lock_ids.len() {
         let missing = lock_ids
@@ -324,6 +373,64 @@ async fn lock_partitions(
         return Err(WriteError::Deleted(missing));
     }
     Ok((locked, secret))
+}
+
+/// Namespace (first key) of the advisory locks that serialise the writers of a queue with a
+/// `maxSize`; the second key is the queue id.
+const QUEUE_SIZE_LOCK: i32 = 0x5153_495a; // "QSIZ"
+
+/// The room left in each locked queue with a `maxSize`: takes the queues' advisory locks (in id
+/// order) and then counts, per queue, the messages not yet consumed (docs/operations.md, "Queue
+/// size limit"): per partition, the stored offsets at or above the offset below which every
+/// group has consumed (`queen.partition_consumed`), stored meaning not yet removed by
+/// retention. The count is a statement of its own, after the lock: its snapshot then holds
+/// every commit of a writer that held the lock before.
+async fn room_left(
+    tx: &mut PgConnection,
+    locked: &HashMap<i64, Locked>,
+) -> Result<HashMap<i64, i64>, StorageError> {
+    let mut limits: Vec<(i64, i64)> = locked
+        .values()
+        .filter(|l| l.max_size > 0)
+        .map(|l| (l.queue_id, l.max_size))
+        .collect();
+    if limits.is_empty() {
+        return Ok(HashMap::new());
+    }
+    limits.sort_unstable();
+    limits.dedup();
+    let queue_ids: Vec<i64> = limits.iter().map(|(id, _)| *id).collect();
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock($1, (x.id % 2147483648)::int4)
+           FROM unnest($2::int8[]) WITH ORDINALITY AS x(id, n)
+          ORDER BY x.n",
+    )
+    .bind(QUEUE_SIZE_LOCK)
+    .bind(&queue_ids)
+    .execute(&mut *tx)
+    .await?;
+    let counts: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT p.queue_id,
+                COALESCE(sum(p.next_offset - GREATEST(c.consumed_below, COALESCE(
+                    (SELECT min(s.base_offset)
+                       FROM queen.segments s
+                      WHERE s.partition_id = p.id), p.next_offset))), 0)::int8
+           FROM queen.partitions p
+           JOIN queen.partition_consumed c ON c.partition_id = p.id
+          WHERE p.queue_id = ANY($1)
+          GROUP BY p.queue_id",
+    )
+    .bind(&queue_ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    let counts: HashMap<i64, i64> = counts.into_iter().collect();
+    Ok(limits
+        .into_iter()
+        .map(|(id, limit)| {
+            let stored = counts.get(&id).copied().unwrap_or(0).max(0);
+            (id, (limit - stored).max(0))
+        })
+        .collect())
 }
 
 /// Everything one write statement needs, planned from the locked rows and the known hits.
@@ -351,16 +458,21 @@ async fn write_locked(
     ids: &[i64],
     locked: HashMap<i64, Locked>,
     secret: Option<Secret>,
+    key: Option<&PayloadKey>,
 ) -> Result<(Vec<SegmentOutcome>, Vec<NewSegment>), WriteError> {
     let needs_secret = ids.iter().any(|id| locked[id].window_secs > 0);
     let secret = match secret {
         Some(secret) => secret,
         None if needs_secret => {
             return Err(WriteError::Database(StorageError::Inconsistent(
-                "queen.dedup_secret is missing (migration 0005)".into(),
+                "queen.dedup_secret is missing (migration 0007)".into(),
             )))
         }
         None => Secret::from_stored(&[0; 16])?,
+    };
+    let limits = Limits {
+        room: room_left(tx, &locked).await?,
+        key,
     };
     let hashes: Vec<Vec<i64>> = batch
         .iter()
@@ -392,6 +504,7 @@ async fn write_locked(
         ids,
         &hashes,
         &locked,
+        &limits,
         &HashMap::new(),
         &HashMap::new(),
     );
@@ -408,7 +521,7 @@ async fn write_locked(
         .flat_map(|((pid, _), offs)| offs.iter().map(|o| (*pid, *o)))
         .collect();
     let originals = dedup::originals(&mut *tx, &at).await?;
-    let plan = plan_write(batch, ids, &hashes, &locked, &by_key, &originals);
+    let plan = plan_write(batch, ids, &hashes, &locked, &limits, &by_key, &originals);
     execute_write(tx, &plan, &[]).await?;
     Ok(plan.into_written())
 }
@@ -442,10 +555,12 @@ fn plan_write<'a>(
     ids: &[i64],
     hashes: &[Vec<i64>],
     locked: &HashMap<i64, Locked>,
+    limits: &Limits<'_>,
     hits: &HashMap<(i64, i64), Vec<i64>>,
     originals: &HashMap<(i64, i64), Original>,
 ) -> WritePlan<'a> {
     let mut next: HashMap<i64, i64> = locked.iter().map(|(id, l)| (*id, l.next_offset)).collect();
+    let mut room = limits.room.clone();
     let mut plan = WritePlan {
         outcomes: Vec::with_capacity(batch.len()),
         upd_ids: Vec::new(),
@@ -460,7 +575,9 @@ fn plan_write<'a>(
         written: Vec::new(),
     };
     for ((write, &pid), seg_hashes) in batch.iter().zip(ids).zip(hashes) {
-        let dedup_on = locked[&pid].window_secs > 0;
+        let queue = &locked[&pid];
+        let dedup_on = queue.window_secs > 0;
+        let no_key = queue.encrypted && limits.key.is_none();
         let base = next[&pid];
         let mut verdicts = Vec::with_capacity(write.items.len());
         let mut accepted: Vec<&Item> = Vec::with_capacity(write.items.len());
@@ -478,6 +595,22 @@ fn plan_write<'a>(
                     verdicts.push(Verdict::Duplicate(*first));
                     continue;
                 }
+            }
+            if no_key {
+                verdicts.push(Verdict::Refused(Refusal::NoKey));
+                continue;
+            }
+            if let Some(left) = room.get_mut(&queue.queue_id) {
+                if *left == 0 {
+                    verdicts.push(Verdict::Refused(Refusal::QueueFull {
+                        limit: queue.max_size,
+                    }));
+                    continue;
+                }
+                *left -= 1;
+            }
+            if dedup_on {
+                let hash = seg_hashes[n];
                 first_in_batch.insert(&item.transaction_id, item.message_id);
                 plan.key_pids.push(pid);
                 plan.key_hashes.push(hash);
@@ -491,8 +624,10 @@ fn plan_write<'a>(
             plan.seg_pids.push(pid);
             plan.seg_bases.push(base);
             plan.seg_counts.push(accepted.len() as i32);
-            plan.seg_frames
-                .push(frames::encode(accepted.iter().copied()));
+            plan.seg_frames.push(match (queue.encrypted, limits.key) {
+                (true, Some(key)) => frames::encode_sealed(accepted.iter().copied(), key),
+                _ => frames::encode(accepted.iter().copied()),
+            });
             plan.upd_ids.push(pid);
             plan.upd_next.push(end);
             plan.written.push(&write.key);

@@ -188,6 +188,11 @@ pub async fn pop(
     conn: &mut PgConnection,
     req: &PopRequest<'_>,
 ) -> Result<Option<Popped>, StorageError> {
+    if req.partition.is_none() {
+        if let Some(popped) = pop_ready(conn, req).await? {
+            return Ok(Some(popped));
+        }
+    }
     let Some((queue, sub)) = open(conn, req.queue, req.group, &req.start).await? else {
         return Ok(None);
     };
@@ -269,9 +274,14 @@ async fn pop_from(
     if pop.deliveries.is_empty() {
         return Ok(None);
     }
+    Ok(Some(finish(req, &queue.name, lease_id, pop.deliveries)))
+}
+
+/// The answer of a pop that found messages; remembers the leased ranges for the acks.
+fn finish(req: &PopRequest<'_>, queue: &str, lease_id: Uuid, deliveries: Vec<Delivery>) -> Popped {
     if !req.auto_ack {
-        let queue_name: Arc<str> = Arc::from(queue.name.as_str());
-        for d in &pop.deliveries {
+        let queue_name: Arc<str> = Arc::from(queue);
+        for d in &deliveries {
             req.cache.remember_lease(
                 lease_id,
                 d.partition_uuid,
@@ -285,11 +295,103 @@ async fn pop_from(
             );
         }
     }
-    Ok(Some(Popped {
-        queue: queue.name.clone(),
+    Popped {
+        queue: queue.to_string(),
         lease_id: (!req.auto_ack).then_some(lease_id),
-        deliveries: pop.deliveries,
-    }))
+        deliveries,
+    }
+}
+
+/// The queue-level pop by [`READY_SQL`], one statement per claimed partition; `None` when it
+/// claimed nothing (the caller then runs the full pop).
+async fn pop_ready(
+    conn: &mut PgConnection,
+    req: &PopRequest<'_>,
+) -> Result<Option<Popped>, StorageError> {
+    let lease_id = Uuid::now_v7();
+    let held = req.cache.newest(HELD_NEWEST);
+    let (held_pids, held_bases): (Vec<i64>, Vec<i64>) = held
+        .iter()
+        .map(|(pid, seg)| (*pid, seg.base_offset))
+        .unzip();
+    let sub = Subscription {
+        from: None,
+        scan: (0, 0),
+    };
+    let mut queue: Option<QueueInfo> = None;
+    let mut remaining = req.batch.max(1);
+    let mut deliveries = Vec::new();
+    while remaining > 0 && deliveries.len() < req.partitions.max(1) {
+        let rows: Vec<ReadyRow> = sqlx::query_as(READY_SQL)
+            .bind(req.queue)
+            .bind(req.group)
+            .bind(lease_id)
+            .bind(req.owner)
+            .bind(remaining as i64)
+            .bind(&held_pids)
+            .bind(&held_bases)
+            .fetch_all(&mut *conn)
+            .await?;
+        let Some(head) = rows.first() else {
+            break;
+        };
+        let info = queue.get_or_insert_with(|| QueueInfo {
+            id: head.queue_id,
+            name: req.queue.to_string(),
+            lease_secs: head.lease_time,
+            delay_secs: 0,
+            window_secs: 0,
+        });
+        let partition_id = head.partition_id;
+        let mine: Vec<Arc<CachedSegment>> = held
+            .iter()
+            .filter(|(pid, _)| *pid == partition_id)
+            .map(|(_, seg)| seg.clone())
+            .collect();
+        let mut claimed = Claimed {
+            partition_id,
+            uuid: head.uuid,
+            name: head.name.clone(),
+            db_now: head.db_now,
+            committed: head.committed_offset,
+            retry_count: head.batch_retry_count,
+            next_offset: head.next_offset,
+            recorded: true,
+            segments: Vec::with_capacity(rows.len()),
+        };
+        for r in rows {
+            if let Some(base) = r.base_offset {
+                let count = r.msg_count.unwrap_or(0).into();
+                claimed.segments.push(sent_or_held(
+                    req.cache,
+                    &mine,
+                    partition_id,
+                    base,
+                    count,
+                    r.frames,
+                )?);
+            }
+        }
+        let mut collect = Collect {
+            req,
+            queue: info,
+            sub: &sub,
+            lease_id,
+            remaining,
+            slots: req.partitions.max(1),
+            deliveries: std::mem::take(&mut deliveries),
+        };
+        let taken = collect.deliver(conn, claimed).await?;
+        remaining = collect.remaining;
+        deliveries = collect.deliveries;
+        if !matches!(taken, Take::Taken) {
+            break;
+        }
+    }
+    Ok(match queue {
+        Some(q) if !deliveries.is_empty() => Some(finish(req, &q.name, lease_id, deliveries)),
+        _ => None,
+    })
 }
 
 /// The columns of [`Candidate`], joined for the group in `$2`; callers add WHERE/ORDER.
@@ -381,6 +483,136 @@ struct ClaimRow {
     base_offset: Option<i64>,
     msg_count: Option<i32>,
     frames: Option<Vec<u8>>,
+}
+
+/// Cached segments named to [`READY_SQL`] as not to be sent (the newest ones: what live
+/// consumers read).
+const HELD_NEWEST: usize = 256;
+
+/// The queue-level pop in one statement, for the common case: claim the least recently
+/// claimed partition of the queue that the group has a row for, with messages past its
+/// committed offset and no live lease, among the rows asking for attention, the run-out
+/// leases and the partitions written since the group's watermark (each list read from its
+/// index, at most 64 rows); skip a row another claim is locking (`SKIP LOCKED`), record the
+/// leased range and return the covering segments (without the frames of the cached ones in
+/// `$6`/`$7`) with the queue's options. No row: nothing claimable among those lists, or a case
+/// this statement leaves to the full pop (no subscription yet, a window buffer, delayed
+/// processing); the caller then runs the full pop, which also settles and rescans.
+const READY_SQL: &str = "
+WITH q AS (
+    SELECT q.id, q.lease_time, s.scan_xid, s.scan_pid
+      FROM queen.queues q
+      JOIN queen.consumer_subscriptions s
+        ON s.queue_id = q.id AND s.consumer_group = $2
+     WHERE q.name = $1
+       AND q.window_buffer = 0
+       AND q.delayed_processing = 0
+), target AS (
+    SELECT c.partition_id, c.consumer_group
+      FROM queen.partition_consumers c
+      JOIN queen.partitions p ON p.id = c.partition_id
+     WHERE c.consumer_group = $2
+       AND c.partition_id IN (
+             (SELECT a.partition_id
+                FROM queen.partition_consumers a, q
+               WHERE a.queue_id = q.id
+                 AND a.consumer_group = $2
+                 AND a.attention_at <= now()
+               ORDER BY a.attention_at
+               LIMIT 64)
+             UNION ALL
+             (SELECT a.partition_id
+                FROM queen.partition_consumers a, q
+               WHERE a.queue_id = q.id
+                 AND a.consumer_group = $2
+                 AND a.lease_expires_at <= now()
+               ORDER BY a.lease_expires_at
+               LIMIT 64)
+             UNION ALL
+             (SELECT w.id
+                FROM queen.partitions w, q
+               WHERE w.queue_id = q.id
+                 AND (w.last_write_xid, w.id) >= (q.scan_xid, q.scan_pid)
+               ORDER BY w.last_write_xid, w.id
+               LIMIT 64))
+       AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+       AND c.committed_offset < p.next_offset
+     ORDER BY c.lease_acquired_at NULLS FIRST
+     LIMIT 1
+       FOR UPDATE OF c SKIP LOCKED
+), claim AS (
+    UPDATE queen.partition_consumers c
+       SET lease_id = $3,
+           lease_owner = $4,
+           lease_acquired_at = now(),
+           lease_expires_at = now() + (SELECT CASE WHEN q.lease_time > 0 THEN q.lease_time
+                                                   ELSE 60 END
+                                         FROM q) * interval '1 second',
+           attention_at = NULL,
+           leased_from = c.committed_offset,
+           leased_to = GREATEST(c.committed_offset,
+                                LEAST(c.committed_offset + $5, p.next_offset))
+      FROM target t, queen.partitions p
+     WHERE c.partition_id = t.partition_id
+       AND c.consumer_group = t.consumer_group
+       AND p.id = t.partition_id
+ RETURNING c.partition_id, p.uuid, p.name, c.committed_offset, c.batch_retry_count,
+           p.next_offset, c.leased_to
+)
+SELECT q.id AS queue_id, q.lease_time, now() AS db_now,
+       claim.partition_id, claim.uuid, claim.name, claim.committed_offset,
+       claim.batch_retry_count, claim.next_offset,
+       s.base_offset, s.msg_count,
+       CASE WHEN EXISTS (SELECT 1
+                           FROM unnest($6::int8[], $7::int8[]) AS h(pid, base)
+                          WHERE h.pid = claim.partition_id AND h.base = s.base_offset)
+            THEN NULL ELSE s.frames END AS frames
+  FROM claim
+ CROSS JOIN q
+  LEFT JOIN LATERAL (
+        SELECT sg.base_offset, sg.msg_count, sg.frames
+          FROM queen.segments sg
+         WHERE sg.partition_id = claim.partition_id
+           AND sg.base_offset < claim.leased_to
+           AND sg.base_offset >= COALESCE((SELECT max(x.base_offset)
+                                             FROM queen.segments x
+                                            WHERE x.partition_id = claim.partition_id
+                                              AND x.base_offset <= claim.committed_offset),
+                                          claim.committed_offset)
+         ORDER BY sg.base_offset
+       ) s ON true
+ ORDER BY s.base_offset";
+
+/// One row of [`READY_SQL`].
+#[derive(sqlx::FromRow)]
+struct ReadyRow {
+    queue_id: i64,
+    lease_time: i32,
+    db_now: DateTime<Utc>,
+    partition_id: i64,
+    uuid: Uuid,
+    name: String,
+    committed_offset: i64,
+    batch_retry_count: i32,
+    next_offset: i64,
+    base_offset: Option<i64>,
+    msg_count: Option<i32>,
+    frames: Option<Vec<u8>>,
+}
+
+/// A partition just claimed, with the segments read for it.
+struct Claimed {
+    partition_id: i64,
+    uuid: Uuid,
+    name: String,
+    db_now: DateTime<Utc>,
+    committed: i64,
+    retry_count: i32,
+    next_offset: i64,
+    /// Whether the claim recorded the range `committed ..` as leased (a first-contact
+    /// insert records none).
+    recorded: bool,
+    segments: Vec<Arc<CachedSegment>>,
 }
 
 struct Collect<'r, 'a> {
@@ -590,7 +822,7 @@ impl Collect<'_, '_> {
             .fetch_all(&mut *conn)
             .await?;
         let claimed = !rows.is_empty();
-        let (committed, retry_count, next_offset, mut segments) = match rows.first() {
+        let (committed, retry_count, next_offset, segments) = match rows.first() {
             Some(first) => {
                 let head = (
                     first.committed_offset,
@@ -649,28 +881,71 @@ impl Collect<'_, '_> {
                 (committed, retry_count, next_offset, Vec::new())
             }
         };
+        self.deliver(
+            conn,
+            Claimed {
+                partition_id: row.id,
+                uuid: row.uuid,
+                name: row.name.clone(),
+                db_now: row.db_now,
+                committed,
+                retry_count,
+                next_offset,
+                recorded: claimed,
+                segments,
+            },
+        )
+        .await
+    }
+
+    /// Hands out what a claim found: counts the deliverable messages (reading the segments
+    /// when the claim returned none), releases an empty claim, and records the delivery.
+    async fn deliver(
+        &mut self,
+        conn: &mut PgConnection,
+        claim: Claimed,
+    ) -> Result<Take, StorageError> {
+        let Claimed {
+            partition_id,
+            uuid,
+            name,
+            db_now,
+            committed,
+            retry_count,
+            next_offset,
+            recorded,
+            mut segments,
+        } = claim;
+        let group = self.req.group;
 
         let want = (self.remaining as i64).min(next_offset - committed).max(0);
         // What the claim recorded as leased (the insert records no range).
-        let recorded = claimed.then_some((committed, committed + want));
+        let recorded = recorded.then_some((committed, committed + want));
         let mut first = segments
             .first()
             .map_or(committed, |s| committed.max(s.base_offset));
         if want > 0 && segments.is_empty() {
             // First contact, or retention removed the whole range: read what is there.
-            (segments, first) =
-                read_range(conn, self.req.cache, row.id, committed, want, next_offset).await?;
+            (segments, first) = read_range(
+                conn,
+                self.req.cache,
+                partition_id,
+                committed,
+                want,
+                next_offset,
+            )
+            .await?;
         }
         // Count what is deliverable: consecutive offsets from `first`, stopping at the first
         // message still inside its delay.
         let mut count = 0usize;
         let mut visible_at: Option<DateTime<Utc>> = None;
         let delay_micros = i64::from(self.queue.delay_secs) * 1_000_000;
-        let now_micros = row.db_now.timestamp_micros();
+        let now_micros = db_now.timestamp_micros();
         'segments: for seg in &segments {
             let decoded =
                 frames::decode(&seg.frames).map_err(|source| StorageError::CorruptSegment {
-                    partition: row.id,
+                    partition: partition_id,
                     source,
                 })?;
             for (n, frame) in decoded.iter().enumerate() {
@@ -704,7 +979,7 @@ impl Collect<'_, '_> {
                         END
                   WHERE partition_id = $1 AND consumer_group = $2 AND lease_id = $3",
             )
-            .bind(row.id)
+            .bind(partition_id)
             .bind(group)
             .bind(self.lease_id)
             .bind(visible_at)
@@ -715,14 +990,14 @@ impl Collect<'_, '_> {
 
         let end = first + count as i64;
         if self.req.auto_ack || recorded != Some((first, end)) {
-            self.settle_range(conn, row.id, first, end).await?;
+            self.settle_range(conn, partition_id, first, end).await?;
         }
 
         self.remaining -= count;
         self.deliveries.push(Delivery {
-            partition_id: row.id,
-            partition_uuid: row.uuid,
-            partition: row.name.clone(),
+            partition_id,
+            partition_uuid: uuid,
+            partition: name,
             first_offset: first,
             count,
             retry_count,

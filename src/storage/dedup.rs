@@ -4,7 +4,7 @@
 //! The hash only narrows the search: a hit is confirmed by reading the original frame and
 //! comparing the full transactionId, so dedup stays exact while the original's segment exists.
 //! When it is gone (retention, still inside the window) the hash alone decides, so the hash is
-//! keyed: SipHash-2-4 under the database's own secret (`queen.dedup_secret`, migration 0005),
+//! keyed: SipHash-2-4 under the database's own secret (`queen.dedup_secret`, migration 0007),
 //! read in the same statement that locks the partitions. Without the secret a collision
 //! cannot be crafted; by chance, two of `n` keys of one partition inside one window share a
 //! hash with probability about n² / 2^65 (10^6 keys: 2.7 · 10^-8).
@@ -45,7 +45,7 @@ impl Secret {
     }
 }
 
-/// The SQL expression that reads the secret (one row, made by migration 0005).
+/// The SQL expression that reads the secret (one row, made by migration 0007).
 pub const SECRET_SQL: &str = "(SELECT secret FROM queen.dedup_secret)";
 
 /// Reads the database's secret.

@@ -49,11 +49,19 @@ pub async fn insert(conn: &mut PgConnection, rows: &[DeadLetter]) -> Result<(), 
     sqlx::query(
         "INSERT INTO queen.dead_letters
                 (partition_id, consumer_group, msg_offset, message_id, transaction_id, trace_id,
-                 producer_sub, payload, message_created_at, error_message, retry_count)
+                 producer_sub, payload, message_created_at, error_message, retry_count,
+                 payload_sealed)
          SELECT x.partition_id, x.consumer_group, x.msg_offset, x.message_id, x.transaction_id,
                 x.trace_id, x.producer_sub, x.payload,
                 'epoch'::timestamptz + x.created_micros * interval '1 microsecond',
-                x.error_message, x.retry_count
+                x.error_message, x.retry_count,
+                -- Sealed when its segment is (version byte 2, storage::frames).
+                COALESCE((SELECT get_byte(s.frames, 0) = 2
+                            FROM queen.segments s
+                           WHERE s.partition_id = x.partition_id
+                             AND s.base_offset <= x.msg_offset
+                           ORDER BY s.base_offset DESC
+                           LIMIT 1), FALSE)
            FROM unnest($1::int8[], $2::text[], $3::int8[], $4::uuid[], $5::text[], $6::text[],
                        $7::text[], $8::text[], $9::int8[], $10::text[], $11::int4[])
              AS x(partition_id, consumer_group, msg_offset, message_id, transaction_id, trace_id,
@@ -98,8 +106,10 @@ pub struct Listed {
     pub error_message: Option<String>,
     /// Retry counter at the time.
     pub retry_count: i32,
-    /// Payload text, verbatim.
+    /// Payload text, verbatim (sealed when `payload_sealed`).
     pub payload: String,
+    /// The payload is sealed (its queue had `encryptionEnabled`).
+    pub payload_sealed: bool,
     /// Producer's `sub`.
     pub producer_sub: Option<String>,
     /// Trace id.
@@ -130,7 +140,7 @@ pub async fn list(
     let rows: Vec<Listed> = sqlx::query_as(&format!(
         "SELECT d.message_id, d.transaction_id, p.uuid AS partition_uuid, q.name AS queue,
                 p.name AS partition, d.consumer_group, d.error_message, d.retry_count, d.payload,
-                d.producer_sub, d.trace_id, d.message_created_at AS created_at, d.failed_at
+                d.payload_sealed, d.producer_sub, d.trace_id, d.message_created_at AS created_at, d.failed_at
            {filter}
           ORDER BY d.failed_at DESC, d.id DESC
           LIMIT $3 OFFSET $4"

@@ -1,13 +1,16 @@
 //! The encoding of a segment's `frames` column: the messages of one write, back to back.
 //!
 //! ```text
-//! segment := version:u8(=1) frame*
+//! segment := version:u8 frame*      version 1: payloads as received
+//!                                    version 2: payloads sealed (`storage::crypto`)
 //! frame   := id:[16] created_at_micros:i64le txn:str16 producer_sub:opt16 trace_id:opt16
 //!            payload_len:u32le payload
 //! ```
 //! A frame is [`broker_actors::codec`]'s `item`, the bytes the spool's records hold too (`str16`
 //! and `opt16` are its length-prefixed strings). The payload bytes are the JSON text exactly as
-//! received. Lengths are bounded by validation (names ≤ 255 characters; payload ≤ the body
+//! received, or (version 2, a queue with `encryptionEnabled`) that text sealed in Queen's stored
+//! shape: the whole segment is one commit's write of one queue, so one byte says it for every
+//! frame. Lengths are bounded by validation (names ≤ 255 characters; payload ≤ the body
 //! limit), so the widths above always suffice.
 
 use broker_actors::codec::{self, ItemRef, Reader};
@@ -15,6 +18,8 @@ use broker_actors::Item;
 use uuid::Uuid;
 
 const VERSION: u8 = 1;
+/// The version of a segment whose payloads are sealed.
+const VERSION_SEALED: u8 = 2;
 
 /// One decoded message, borrowing from the segment bytes.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,8 +34,10 @@ pub struct Frame<'a> {
     pub producer_sub: Option<&'a str>,
     /// Trace id.
     pub trace_id: Option<&'a str>,
-    /// Payload JSON text, verbatim.
+    /// Payload JSON text, verbatim (sealed when `encrypted`).
     pub payload: &'a str,
+    /// The payload is sealed ([`crate::storage::crypto`]); it must be opened before delivery.
+    pub encrypted: bool,
 }
 
 /// A `frames` value that cannot be decoded.
@@ -54,6 +61,22 @@ pub fn encode<'a>(items: impl Iterator<Item = &'a Item> + Clone) -> Vec<u8> {
     out
 }
 
+/// Encodes items as one segment's frames, each payload sealed with `key`.
+pub fn encode_sealed<'a>(
+    items: impl Iterator<Item = &'a Item>,
+    key: &crate::storage::crypto::PayloadKey,
+) -> Vec<u8> {
+    let mut out = vec![VERSION_SEALED];
+    for item in items {
+        let sealed = Item {
+            payload: key.seal(&item.payload).into_boxed_str(),
+            ..item.clone()
+        };
+        codec::put_item(&mut out, &sealed);
+    }
+    out
+}
+
 /// Decodes every frame of a segment.
 ///
 /// # Errors
@@ -61,12 +84,16 @@ pub fn encode<'a>(items: impl Iterator<Item = &'a Item> + Clone) -> Vec<u8> {
 /// [`FrameError`] when the bytes are not a segment written by [`encode`].
 pub fn decode(bytes: &[u8]) -> Result<Vec<Frame<'_>>, FrameError> {
     let mut r = Reader::new(bytes);
-    if r.u8().map_err(|e| FrameError(e.0))? != VERSION {
-        return Err(FrameError("unknown version"));
-    }
+    let encrypted = match r.u8().map_err(|e| FrameError(e.0))? {
+        VERSION => false,
+        VERSION_SEALED => true,
+        _ => return Err(FrameError("unknown version")),
+    };
     let mut frames = Vec::new();
     while !r.is_done() {
-        frames.push(Frame::from(r.item().map_err(|e| FrameError(e.0))?));
+        let mut frame = Frame::from(r.item().map_err(|e| FrameError(e.0))?);
+        frame.encrypted = encrypted;
+        frames.push(frame);
     }
     Ok(frames)
 }
@@ -80,6 +107,7 @@ impl<'a> From<ItemRef<'a>> for Frame<'a> {
             producer_sub: item.producer_sub,
             trace_id: item.trace_id,
             payload: item.payload,
+            encrypted: false,
         }
     }
 }
@@ -116,6 +144,29 @@ mod tests {
             assert_eq!(f.producer_sub, i.producer_sub.as_deref());
             assert_eq!(f.created_at_micros, i.arrived_at_micros);
         }
+    }
+
+    #[test]
+    fn a_sealed_segment_says_so_and_keeps_every_field_but_the_payload() {
+        let key = crate::storage::crypto::PayloadKey::new(&[9; 32]);
+        let items = [item("a", r#"{"n":1}"#, Some("bob")), item("b", "2", None)];
+        let bytes = encode_sealed(items.iter(), &key);
+        let frames = decode(&bytes).unwrap();
+        assert_eq!(frames.len(), 2);
+        for (f, i) in frames.iter().zip(&items) {
+            assert!(f.encrypted);
+            assert_eq!(
+                (f.id, f.transaction_id),
+                (i.message_id, i.transaction_id.as_str())
+            );
+            assert_eq!(f.producer_sub, i.producer_sub.as_deref());
+            assert_ne!(f.payload, &*i.payload);
+            assert_eq!(key.open(f.payload).unwrap(), &*i.payload);
+        }
+        assert!(decode(&encode(items.iter()))
+            .unwrap()
+            .iter()
+            .all(|f| !f.encrypted));
     }
 
     /// A segment as stored before the codec was shared: stored segments keep decoding.

@@ -64,8 +64,10 @@ pub struct StoredMessage {
     pub trace_id: Option<String>,
     /// Arrival time, microseconds since the Unix epoch.
     pub created_at_micros: i64,
-    /// The payload's JSON text exactly as pushed.
+    /// The payload's JSON text exactly as pushed (sealed when `encrypted`).
     pub payload: String,
+    /// The payload is sealed (`storage::crypto`): its queue had `encryptionEnabled`.
+    pub encrypted: bool,
 }
 
 pub use crate::storage::progress::MessageStatus;
@@ -563,6 +565,7 @@ fn decode(head: &SegmentHead, bytes: &[u8]) -> Result<Vec<StoredMessage>, Storag
             trace_id: f.trace_id.map(str::to_string),
             created_at_micros: f.created_at_micros,
             payload: f.payload.to_string(),
+            encrypted: f.encrypted,
         })
         .collect())
 }

@@ -1,6 +1,7 @@
 //! All of the broker's SQL: one file per table group, plus the commit transaction.
 //!
 //! - [`partitions`]: queues and partitions, created on first use.
+//! - [`crypto`]: sealing and opening payloads of encrypted queues (no SQL).
 //! - [`frames`]: how a segment's messages are encoded in its `frames` column.
 //! - [`dedup`]: the dedup sidecar (probe, originals, expiry sweep).
 //! - [`commit`]: the transaction that writes many partitions' segments at once.
@@ -15,6 +16,8 @@
 //! - [`acks`]: acks as offset commits, retries, dead-lettering.
 //! - [`dlq`]: the dead-letter table.
 //! - [`groups`]: consumer groups (listing, lag, deletion, subscription, seeks).
+//! - [`traces`]: message traces (record, read by message and by name).
+//! - [`status`]: what the dashboard's status and analytics routes read.
 //! - [`transaction`]: `POST /api/v1/transaction`'s pushes and acks in one transaction.
 //! - [`error`]: whether a database error means PostgreSQL is away.
 
@@ -22,6 +25,7 @@ pub mod acks;
 pub mod cache;
 pub mod commit;
 pub mod consume;
+pub mod crypto;
 pub mod dedup;
 pub mod dlq;
 pub mod error;
@@ -34,7 +38,9 @@ pub mod progress;
 pub mod queues;
 pub mod resources;
 pub mod retention;
+pub mod status;
 pub mod system;
+pub mod traces;
 pub mod transaction;
 
 use std::time::Duration;

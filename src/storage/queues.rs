@@ -24,7 +24,7 @@ pub struct QueueOptions {
     pub retry_limit: i32,
     /// Milliseconds; stored, no effect (as in Queen 0.15).
     pub retry_delay: i32,
-    /// Queue size limit; 0 = none (the only value accepted until a limit is enforced).
+    /// Most messages not yet consumed the queue holds (docs/operations.md); 0 = no limit.
     pub max_size: i64,
     /// Seconds; stored, no effect (as in Queen 0.15).
     pub ttl: i32,
@@ -42,7 +42,7 @@ pub struct QueueOptions {
     pub completed_retention_seconds: i32,
     /// Master switch of the two retention options above.
     pub retention_enabled: bool,
-    /// Payload encryption at rest (only `false` is accepted for now).
+    /// Payload encryption at rest (`storage::crypto`; needs `QUEEN_ENCRYPTION_KEY`).
     pub encryption_enabled: bool,
     /// Remove segments older than this many seconds, consumed or not; 0 = never.
     pub max_wait_time_seconds: i32,

@@ -60,3 +60,17 @@ pub async fn round_trip<'e>(db: impl PgExecutor<'e>) -> Result<bool, StorageErro
     let one: i32 = sqlx::query_scalar("SELECT 1").fetch_one(db).await?;
     Ok(one == 1)
 }
+
+/// Live leases of every broker on the database (the `queen_leases_held` gauge).
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn live_leases<'e>(db: impl PgExecutor<'e>) -> Result<i64, StorageError> {
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM queen.partition_consumers WHERE lease_expires_at > now()",
+    )
+    .fetch_one(db)
+    .await?;
+    Ok(n)
+}

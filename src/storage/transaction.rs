@@ -8,6 +8,10 @@
 //! order. An ack cannot name a message pushed by the same transaction (it has never been
 //! leased), so the order is not observable.
 //!
+//! A push that the queue refuses (its `maxSize` is reached, or it is encrypted and this broker
+//! has no key) fails the whole transaction with the refusal's text: a transaction is all or
+//! nothing, so it cannot go on without one of its pushes.
+//!
 //! Knows nothing about the request's JSON: the handler parses it into a [`Request`] and writes
 //! the [`Outcome`] back out.
 
@@ -20,6 +24,7 @@ use uuid::Uuid;
 
 use crate::storage::acks::{self, Ack, AckMode, AckOutcome};
 use crate::storage::cache::SegmentCache;
+use crate::storage::crypto::PayloadKey;
 use crate::storage::error::StorageError;
 use crate::storage::{commit, leases, partitions};
 
@@ -82,6 +87,7 @@ pub struct Outcome {
 pub async fn apply(
     conn: &mut PgConnection,
     cache: &SegmentCache,
+    key: Option<&PayloadKey>,
     req: &Request,
 ) -> Result<Outcome, StorageError> {
     // One segment per partition, items in request order.
@@ -141,7 +147,7 @@ pub async fn apply(
 
     let mut woken = Vec::new();
     if !writes.is_empty() {
-        let outcomes = match commit::write_segments(&mut tx, &writes, &ids)
+        let outcomes = match commit::write_segments(&mut tx, &writes, &ids, key)
             .await
             .map_err(StorageError::from)
         {
@@ -149,6 +155,15 @@ pub async fn apply(
             Err(e) if !e.is_unreachable() => return Ok(fail(results, e.to_string())),
             Err(e) => return Err(e),
         };
+        let refused = writes.iter().zip(&outcomes).find_map(|(write, outcome)| {
+            outcome.verdicts.iter().find_map(|v| match v {
+                Verdict::Refused(why) => Some(why.message(&write.key.queue)),
+                _ => None,
+            })
+        });
+        if let Some(error) = refused {
+            return Ok(fail(results, error));
+        }
         for ((write, outcome), members) in writes.iter().zip(&outcomes).zip(&slots) {
             let partition_id = uuids.get(&outcome.partition_id).copied();
             for (verdict, &n) in outcome.verdicts.iter().zip(members) {

@@ -2,7 +2,9 @@
 
 Runs the client's basic flows through its public API only: create/configure a queue, push,
 pop with ack, consume with a consumer group, a transaction (ack + push), lease renewal, DLQ
-listing, and the admin reads. Each flow reports PASS, FAIL or SKIP; SKIP means the broker
+listing, the admin reads, a queue with a size limit (`maxSize`) and an encrypted queue
+(`encryptionEnabled`; run.sh starts the broker with a QUEEN_ENCRYPTION_KEY). The same flows run
+with each pinned client version (run.sh: queen-mq 1.3.0 and 0.15.0). Each flow reports PASS, FAIL or SKIP; SKIP means the broker
 answered 404 `no_such_route` for a route the flow needs (the route is not built yet), which
 QUEEN_COMPAT_STRICT=1 turns into a failure.
 
@@ -86,13 +88,13 @@ async def flow_configure(client: Queen) -> None:
     check(reset["options"]["dedupWindowSeconds"] == 3600, f"window reset: {reset}")
     check(reset["namespace"] == "", f"namespace reset: {reset}")
 
-    # An option the broker cannot honour is refused, not stored and ignored.
+    # A wrongly typed option is refused with its name, not stored and ignored.
     try:
-        await client.queue(q("configure")).config({"encryption_enabled": True}).create()
+        await client.queue(q("configure")).config({"max_size": "ten"}).create()
     except Exception as e:  # the client raises with the broker's error text
-        check("encryptionEnabled" in str(e), f"refusal names the option: {e}")
+        check("maxSize" in str(e), f"refusal names the option: {e}")
     else:
-        raise AssertionError("encryption_enabled=True was accepted")
+        raise AssertionError("max_size='ten' was accepted")
 
 
 async def flow_push(client: Queen) -> None:
@@ -230,6 +232,66 @@ async def flow_dlq(client: Queen) -> None:
     check(messages[0]["errorMessage"] == "boom", f"dead letter reason: {messages[0]}")
 
 
+async def flow_max_size(client: Queen) -> None:
+    name = q("bounded")
+    created = await client.queue(name).config({"max_size": 3}).create()
+    check(created["options"]["maxSize"] == 3, f"maxSize echoed: {created}")
+    refused = []
+
+    async def on_error(items, error):
+        refused.append((items, str(error)))
+
+    # The clients hand failed items to on_error with the broker's `error` text ...
+    results = await client.queue(name).push([{"data": {"n": n}} for n in range(5)]).on_error(on_error)
+    statuses = [r["status"] for r in results]
+    check(statuses == ["queued"] * 3 + ["failed"] * 2, f"two beyond the limit fail: {results}")
+    check(len(refused) == 1 and len(refused[0][0]) == 2, f"on_error got the two: {refused}")
+    check(name in refused[0][1] and "maxSize 3" in refused[0][1], f"the error names the queue: {refused}")
+    # ... and without a callback they raise it.
+    try:
+        await client.queue(name).push([{"data": {"n": 9}}])
+    except Exception as e:
+        check(name in str(e), f"the raised error names the queue: {e}")
+    else:
+        raise AssertionError("a push to the full queue did not fail")
+    seen = []
+    for _ in range(10):
+        msgs = await client.queue(name).batch(3).wait(False).pop()
+        if not msgs:
+            break
+        for m in msgs:
+            seen.append(m["data"]["n"])
+            ack = await client.ack(m, True)
+            check(ack.get("success") is True, f"ack: {ack}")
+    check(seen == [0, 1, 2], f"the three stored ones, in order: {seen}")
+    again = await client.queue(name).push([{"data": {"n": 5}}])
+    check(again[0]["status"] == "queued", f"consumed messages make room: {again}")
+
+
+async def flow_encryption(client: Queen) -> None:
+    name = q("vault")
+    created = await client.queue(name).config({"encryption_enabled": True, "lease_time": 30}).create()
+    check(created["options"]["encryptionEnabled"] is True, f"encryptionEnabled echoed: {created}")
+    payloads = [{"card": "4111-1111-1111-1111", "amount": 12.50}, ["a", 1, None], "plain text"]
+    results = await client.queue(name).push([{"data": p} for p in payloads])
+    check([r["status"] for r in results] == ["queued"] * 3, f"queued: {results}")
+    got = []
+    for _ in range(10):
+        msgs = await client.queue(name).batch(3).wait(False).pop()
+        if not msgs:
+            break
+        for m in msgs:
+            got.append(m["data"])
+            ack = await client.ack(m, True)
+            check(ack.get("success") is True, f"ack: {ack}")
+    check(got == payloads, f"payloads come back decrypted and unchanged: {got}")
+    listed = await client.admin.list_messages(queue=name)
+    m = listed["messages"][0]
+    one = await client.admin.get_message(m["partitionId"], m["transactionId"])
+    check(one.get("isEncrypted") is True, f"the detail says encrypted: {one}")
+    check(one["payload"] in payloads, f"the detail shows the payload decrypted: {one}")
+
+
 FLOWS = [
     ("configure", flow_configure, {"configure"}),
     ("push", flow_push, {"configure", "push"}),
@@ -239,6 +301,8 @@ FLOWS = [
     ("transaction", flow_transaction, {"configure", "push", "pop", "ack", "transaction"}),
     ("lease renewal", flow_lease_renewal, {"configure", "push", "pop", "ack", "lease"}),
     ("dlq listing", flow_dlq, {"configure", "push", "pop", "ack", "dlq"}),
+    ("maxSize", flow_max_size, {"configure", "push", "pop", "ack"}),
+    ("encryptionEnabled", flow_encryption, {"configure", "push", "pop", "ack", "messages"}),
 ]
 
 
@@ -246,6 +310,12 @@ async def main() -> int:
     strict = os.environ.get("QUEEN_COMPAT_STRICT") == "1"
     missing = await missing_routes()
     passed = failed = skipped = 0
+    try:
+        from importlib.metadata import version
+
+        print(f"client: queen-mq {version('queen-mq')}", flush=True)
+    except Exception:  # the version line is informative only
+        pass
     client = Queen(BASE, retry_attempts=1)
     try:
         for name, flow, needs in FLOWS:

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Runs Queen's official Python client (queen-mq, pinned in requirements.txt) against the release
-# broker: makes a virtual environment, installs the client, starts the broker on a free port
-# against DATABASE_URL (or a private PostgreSQL cluster in a temp dir when unset), runs
-# compat.py, and exits non-zero when a flow fails. QUEEN_COMPAT_STRICT=1 also fails on flows
-# skipped because the broker lacks a route they need.
+# Runs Queen's official Python client (queen-mq) against the release broker, once per pinned
+# version (requirements.txt: 1.3.0; requirements-0.15.txt: 0.15.0): makes a virtual environment
+# per version, installs the client, starts the broker on a free port against DATABASE_URL (or a
+# private PostgreSQL cluster in a temp dir when unset) with a fresh QUEEN_ENCRYPTION_KEY, runs
+# compat.py with each client, and exits non-zero when a flow fails. QUEEN_COMPAT_STRICT=1 also
+# fails on flows skipped because the broker lacks a route they need.
 #
 #   bash tests/compat/run.sh                 # from the repository root, nothing else needed
 #   DATABASE_URL=postgres://... bash tests/compat/run.sh
@@ -11,8 +12,8 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
-venv=${QUEEN_COMPAT_VENV:-$target/compat-venv}
 python=${PYTHON:-python3}
+requirements=("$root/tests/compat/requirements.txt" "$root/tests/compat/requirements-0.15.txt")
 
 tmp=$(mktemp -d -t queen-compat-XXXXXX)
 broker_pid=""
@@ -27,9 +28,16 @@ trap cleanup EXIT
 echo "compat: building the release broker"
 (cd "$root" && cargo build --release --quiet --bin queen-broker)
 
-echo "compat: installing the pinned client into $venv"
-[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$root/tests/compat/requirements.txt"
+venvs=()
+for req in "${requirements[@]}"; do
+    pinned=$(grep -o 'queen-mq==[0-9.]*' "$req")
+    venv=$target/compat-venv-${pinned#queen-mq==}
+    echo "compat: installing $pinned into $venv"
+    [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"
+    venvs+=("$venv")
+done
+venv=${venvs[0]}
 
 free_port() { "$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
@@ -54,7 +62,9 @@ fi
 
 port=$(free_port)
 mkdir -p "$tmp/spool"
+key=$("$venv/bin/python" -c 'import secrets; print(secrets.token_hex(32))')
 HOST=127.0.0.1 PORT=$port FILE_BUFFER_DIR="$tmp/spool" LOG_LEVEL=${LOG_LEVEL:-warn} QUEEN_CONFIG="" \
+    QUEEN_ENCRYPTION_KEY=$key \
     "$target/release/queen-broker" >"$tmp/broker.log" 2>&1 &
 broker_pid=$!
 "$venv/bin/python" - "$port" <<'PY'
@@ -72,7 +82,10 @@ PY
 echo "compat: broker on port $port"
 
 status=0
-"$venv/bin/python" "$root/tests/compat/compat.py" "http://127.0.0.1:$port" || status=$?
+for v in "${venvs[@]}"; do
+    echo "compat: flows with ${v##*/compat-venv-}"
+    "$v/bin/python" "$root/tests/compat/compat.py" "http://127.0.0.1:$port" || status=$?
+done
 if [ "$status" -ne 0 ]; then
     echo "compat: broker log (last 50 lines):" >&2
     tail -n 50 "$tmp/broker.log" >&2

@@ -166,11 +166,11 @@ async fn bad_requests_are_400_and_store_nothing() {
         ),
         (
             json!({"queue": "q", "options": {"encryptionEnabled": true}}),
-            "option encryptionEnabled is not supported yet: payloads are stored as received; send false",
+            "option encryptionEnabled needs QUEEN_ENCRYPTION_KEY (64 hexadecimal characters) on the broker, and none is set",
         ),
         (
-            json!({"queue": "q", "options": {"maxSize": 100}}),
-            "option maxSize is not supported yet: no queue size limit is enforced; send 0 (no limit)",
+            json!({"queue": "q", "options": {"maxSize": -5}}),
+            "option maxSize must be a non-negative integer",
         ),
     ];
     for (body, error) in cases {

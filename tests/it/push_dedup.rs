@@ -141,7 +141,7 @@ async fn a_duplicate_of_a_removed_segment_names_the_zero_uuid() {
     );
 }
 
-/// The sidecar hash of `key` as it was before migration 0005: unkeyed XXH3-64, which anyone
+/// The sidecar hash of `key` as it was before migration 0007: unkeyed XXH3-64, which anyone
 /// can compute (and craft collisions for).
 fn unkeyed(key: &str) -> i64 {
     xxhash_rust::xxh3::xxh3_64(key.as_bytes()) as i64

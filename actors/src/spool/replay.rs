@@ -221,6 +221,21 @@ async fn replay_round<S: SegmentStore>(
     }
 }
 
+/// A replayed item its queue refused (its `maxSize` is reached, or it is encrypted and this
+/// broker has no key) is not stored and has no producer waiting to hear it: it is logged with
+/// its id, and the replay goes on.
+fn report_refused(writes: &[SegmentWrite], outcomes: &[crate::store::SegmentOutcome]) {
+    for (write, outcome) in writes.iter().zip(outcomes) {
+        for (item, verdict) in write.items.iter().zip(&outcome.verdicts) {
+            if let crate::Verdict::Refused(why) = verdict {
+                tracing::error!(message_id = %item.message_id, transaction_id = %item.transaction_id,
+                    partition = %write.key, reason = %why.message(&write.key.queue),
+                    "spooled message refused by its queue on replay; not stored");
+            }
+        }
+    }
+}
+
 fn report_damage(path: &std::path::Path, damage: &[record::Damage]) {
     for d in damage {
         tracing::error!(file = %path.display(), at = d.at, skipped = d.skipped, reason = d.reason,
@@ -230,7 +245,8 @@ fn report_damage(path: &std::path::Path, damage: &[record::Damage]) {
 
 /// Commits `writes` in one transaction; when that fails for a reason other than PostgreSQL
 /// being unreachable, each segment on its own, and a segment that still fails item by item.
-/// Returns the items refused on their own (everything else is committed).
+/// Returns the items PostgreSQL refused on their own (everything else is committed, or refused
+/// by its queue, e.g. its `maxSize`, which [`report_refused`] logs: those are not quarantined).
 ///
 /// # Errors
 ///
@@ -242,7 +258,10 @@ async fn commit_isolating<S: SegmentStore>(
     writes: &[SegmentWrite],
 ) -> Result<Vec<Quarantined>, StoreError> {
     let first = match store.commit(writes).await {
-        Ok(_) => return Ok(Vec::new()),
+        Ok(outcomes) => {
+            report_refused(writes, &outcomes);
+            return Ok(Vec::new());
+        }
         Err(e @ StoreError::Refused(_)) => e,
         // Unreachable, or a failure that is not the data's (a missing table before the
         // migrations ran, a lock timeout): the batch is retried whole with back-off.
@@ -253,7 +272,10 @@ async fn commit_isolating<S: SegmentStore>(
     let mut refused = Vec::new();
     for write in writes {
         let error = match store.commit(std::slice::from_ref(write)).await {
-            Ok(_) => continue,
+            Ok(outcomes) => {
+                report_refused(std::slice::from_ref(write), &outcomes);
+                continue;
+            }
             Err(e @ StoreError::Refused(_)) => e,
             Err(e) => return Err(e),
         };
@@ -268,7 +290,7 @@ async fn commit_isolating<S: SegmentStore>(
                 items: vec![item.clone()],
             };
             match store.commit(std::slice::from_ref(&single)).await {
-                Ok(_) => {}
+                Ok(outcomes) => report_refused(std::slice::from_ref(&single), &outcomes),
                 Err(e @ StoreError::Refused(_)) => {
                     refused.extend(refuse_alone(store, &single, e).await?)
                 }
@@ -289,7 +311,10 @@ async fn refuse_alone<S: SegmentStore>(
     for attempt in 1..ITEM_ATTEMPTS {
         tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
         match store.commit(std::slice::from_ref(single)).await {
-            Ok(_) => return Ok(None),
+            Ok(outcomes) => {
+                report_refused(std::slice::from_ref(single), &outcomes);
+                return Ok(None);
+            }
             Err(e @ StoreError::Refused(_)) => error = e,
             Err(e) => return Err(e),
         }

@@ -1,0 +1,626 @@
+// queen-broker dashboard. Plain JavaScript, no dependencies: every figure comes from the
+// broker's own HTTP API with the caller's token, so the page shows nothing an API user could
+// not see. The token lives in sessionStorage (this tab only, gone when it closes). Actions are
+// offered only when GET /api/v1/access says the token's roles allow them.
+"use strict";
+
+const TOKEN_KEY = "queen.token";
+const PARTITIONS_PER_PAGE = 50;
+const DLQ_PER_PAGE = 50;
+const RECENT_MESSAGES = 25;
+const PREVIEW_CHARS = 160;
+const PAYLOAD_CHARS = 20000;
+const QUEUE_MODE = "__QUEUE_MODE__";
+
+const params = new URLSearchParams(location.search);
+// Seconds between refreshes of the overview; `/?refresh=N` changes it, 0 stops it.
+const REFRESH_SECS = Math.max(0, Number(params.get("refresh") ?? 5) || 0);
+
+let access = null; // {authEnabled, sub, capabilities}
+let refreshTimer = null;
+let lastSample = null; // {at, queues: Map(name -> {total, done})} for the rates
+
+class AuthNeeded extends Error {}
+
+// ---------------------------------------------------------------- small DOM helpers
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (k === "class") el.className = v;
+    else el.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat(Infinity)) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+function table(caption, headers, rows, empty) {
+  if (!rows.length) return h("p", { class: "empty" }, empty);
+  const head = h("tr", {}, headers.map((x) =>
+    h("th", { scope: "col", class: NUMERIC.has(x) ? "num" : null }, x)));
+  return h("div", { class: "table-wrap" },
+    h("table", {}, h("caption", { class: "note" }, caption),
+      h("thead", {}, head), h("tbody", {}, rows)));
+}
+
+// Column headers whose cells are numbers (right-aligned).
+const NUMERIC = new Set(["Partitions", "Total", "Pending", "Processing", "Completed", "Dead", "In/s", "Out/s",
+  "Members", "Backlog (messages)", "Oldest unconsumed", "Partitions with lag", "Retries"]);
+
+const num = (v) => h("td", { class: "num" }, fmtNum(v));
+
+function fmtNum(v) {
+  if (v === null || v === undefined || Number.isNaN(v)) return "—";
+  if (typeof v !== "number") return String(v);
+  return Number.isInteger(v) ? v.toLocaleString("en-US") : v.toLocaleString("en-US", { maximumFractionDigits: 1 });
+}
+
+function fmtDuration(secs) {
+  if (secs === null || secs === undefined) return "—";
+  secs = Math.max(0, Math.round(secs));
+  const d = Math.floor(secs / 86400), hh = Math.floor((secs % 86400) / 3600);
+  const m = Math.floor((secs % 3600) / 60), s = secs % 60;
+  if (d) return `${d}d ${hh}h`;
+  if (hh) return `${hh}h ${m}m`;
+  if (m) return `${m}m ${s}s`;
+  return `${s}s`;
+}
+
+function fmtBytes(b) {
+  if (!b) return "0 B";
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let i = 0;
+  while (b >= 1024 && i < units.length - 1) { b /= 1024; i++; }
+  return `${b.toFixed(i ? 1 : 0)} ${units[i]}`;
+}
+
+function fmtTime(iso) {
+  if (!iso) return "—";
+  const t = new Date(iso);
+  return Number.isNaN(t.getTime()) ? iso : t.toISOString().replace("T", " ").replace("Z", " UTC");
+}
+
+function groupName(g) {
+  return g === QUEUE_MODE ? "(queue mode)" : g;
+}
+
+function preview(value) {
+  const text = JSON.stringify(value);
+  if (text === undefined) return "";
+  return text.length > PREVIEW_CHARS ? `${text.slice(0, PREVIEW_CHARS)}… (${text.length} chars)` : text;
+}
+
+function can(capability) {
+  return !!access && access.capabilities.includes(capability);
+}
+
+function setStatus(text) {
+  document.getElementById("status").textContent = text;
+}
+
+function alertBox(text) {
+  return h("p", { class: "alert", role: "alert" }, text);
+}
+
+function qs(obj) {
+  const p = new URLSearchParams();
+  for (const [k, v] of Object.entries(obj)) if (v !== undefined && v !== null && v !== "") p.set(k, v);
+  const s = p.toString();
+  return s ? `?${s}` : "";
+}
+
+const enc = encodeURIComponent;
+
+// ---------------------------------------------------------------- the API
+
+async function api(path, { method = "GET", body, allow = [] } = {}) {
+  const headers = { Accept: "application/json" };
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token) headers.Authorization = `Bearer ${token}`;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  let res;
+  try {
+    res = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  } catch (e) {
+    throw new Error(`the broker does not answer (${e.message})`);
+  }
+  if (res.status === 401) throw new AuthNeeded("this page needs a token");
+  const text = await res.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch { data = null; }
+  if (!res.ok && !allow.includes(res.status)) {
+    const why = (data && (data.error || data.message)) || text || res.statusText;
+    const err = new Error(`${method} ${path}: ${res.status} ${why}`);
+    err.status = res.status;
+    throw err;
+  }
+  return data;
+}
+
+// ---------------------------------------------------------------- sign-in
+
+function renderSession() {
+  const box = document.getElementById("session");
+  box.replaceChildren();
+  if (!access || !access.authEnabled) return;
+  const who = access.sub ? `signed in as ${access.sub}` : "signed in";
+  box.append(
+    h("span", {}, `${who} (${access.capabilities.join(", ") || "no rights"})`),
+    h("button", { type: "button", onclick: signOut }, "Sign out"),
+  );
+}
+
+function signOut() {
+  sessionStorage.removeItem(TOKEN_KEY);
+  access = null;
+  renderSession();
+  renderLogin("Signed out.");
+}
+
+function renderLogin(message) {
+  stopRefresh();
+  const main = document.getElementById("main");
+  const input = h("input", { id: "token", name: "token", type: "password", autocomplete: "off", required: true, size: 60 });
+  const form = h("form", {
+    class: "inline", id: "login",
+    onsubmit: async (ev) => {
+      ev.preventDefault();
+      sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+      await boot();
+    },
+  },
+  h("label", { for: "token" }, "Bearer token", input),
+  h("button", { type: "submit", class: "primary" }, "Sign in"));
+  main.replaceChildren(
+    h("h1", {}, "Sign in"),
+    message ? h("p", { class: message.startsWith("Signed out") ? "note" : "alert", role: "alert" }, message) : null,
+    h("p", {}, "Authentication is on. Paste a JWT; it is kept for this tab only and sent to this broker alone."),
+    form,
+  );
+  input.focus();
+}
+
+async function boot() {
+  try {
+    access = await api("/api/v1/access");
+  } catch (e) {
+    if (e instanceof AuthNeeded) {
+      const had = sessionStorage.getItem(TOKEN_KEY);
+      sessionStorage.removeItem(TOKEN_KEY);
+      renderSession();
+      return renderLogin(had ? "The broker refused this token (invalid or expired)." : null);
+    }
+    if (e.status === 403) {
+      sessionStorage.removeItem(TOKEN_KEY);
+      return renderLogin("This token may not read the broker's state (it needs a role with read access).");
+    }
+    document.getElementById("main").replaceChildren(h("h1", {}, "queen-broker"), alertBox(e.message));
+    return;
+  }
+  renderSession();
+  await route();
+}
+
+// ---------------------------------------------------------------- routing
+
+function stopRefresh() {
+  if (refreshTimer) clearTimeout(refreshTimer);
+  refreshTimer = null;
+}
+
+function parseHash() {
+  const raw = location.hash.replace(/^#\/?/, "");
+  const [path, query] = raw.split("?");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  return { parts, query: new URLSearchParams(query || "") };
+}
+
+// Each render's number: a slow answer for a page already left is dropped.
+let renders = 0;
+
+async function route() {
+  stopRefresh();
+  const mine = ++renders;
+  if (!access) return boot();
+  const { parts, query } = parseHash();
+  const section = parts[0] || "overview";
+  for (const a of document.querySelectorAll("nav a")) {
+    const current = a.dataset.nav === section || (section === "queues" && a.dataset.nav === "overview")
+      || (section === "messages" && a.dataset.nav === "overview");
+    if (current) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
+  }
+  const views = {
+    overview: () => overview(),
+    queues: () => queuePage(parts[1], query),
+    messages: () => messagePage(parts[1], parts[2]),
+    dlq: () => dlqPage(query),
+    groups: () => groupsPage(),
+    maintenance: () => maintenancePage(),
+  };
+  const view = views[section];
+  const main = document.getElementById("main");
+  if (!view) {
+    main.replaceChildren(h("h1", {}, "Not found"), h("p", {}, "No such page. ", h("a", { href: "#/" }, "Back to the overview")));
+    return;
+  }
+  try {
+    const content = await view();
+    if (mine !== renders) return;
+    if (content) {
+      const focused = document.activeElement && document.activeElement.id;
+      main.replaceChildren(...content);
+      if (focused) document.getElementById(focused)?.focus();
+    }
+    setStatus(`Updated ${new Date().toLocaleTimeString()}`);
+  } catch (e) {
+    if (mine !== renders) return;
+    if (e instanceof AuthNeeded) {
+      sessionStorage.removeItem(TOKEN_KEY);
+      access = null;
+      renderSession();
+      return renderLogin("The token is no longer accepted; sign in again.");
+    }
+    main.replaceChildren(h("h1", {}, "Error"), alertBox(e.message));
+  }
+  if (section === "overview" && REFRESH_SECS > 0) {
+    refreshTimer = setTimeout(route, REFRESH_SECS * 1000);
+  }
+}
+
+// ---------------------------------------------------------------- overview
+
+function maintenanceToggles(flags) {
+  if (!can("admin")) return null;
+  const toggle = (id, label, on, path) => h("button", {
+    type: "button", id, class: "toggle", "aria-pressed": on ? "true" : "false",
+    onclick: async (ev) => {
+      ev.currentTarget.disabled = true;
+      try {
+        await api(path, { method: "POST", body: { enabled: !on } });
+        setStatus(`${label} turned ${on ? "off" : "on"}`);
+      } catch (e) {
+        setStatus(e.message);
+      }
+      await route();
+      document.getElementById(id)?.focus();
+    },
+  }, `${label}: ${on ? "on" : "off"}`);
+  return h("div", { class: "actions", role: "group", "aria-label": "Maintenance toggles" },
+    toggle("toggle-maintenance", "Push maintenance", flags.maintenance, "/api/v1/system/maintenance"),
+    toggle("toggle-pop-maintenance", "Pop maintenance", flags.pop, "/api/v1/system/maintenance/pop"));
+}
+
+/** Backlog per (group, queue) from the lagging route: {`${group}\u0000${queue}`: messages}. */
+function backlogs(lagging) {
+  const out = new Map();
+  for (const r of lagging || []) {
+    const key = `${r.consumer_group}\u0000${r.queue_name}`;
+    out.set(key, (out.get(key) || 0) + (r.offset_lag || 0));
+  }
+  return out;
+}
+
+function queueRates(queues) {
+  const now = Date.now();
+  const sample = new Map(queues.map((q) => {
+    const m = q.messages || {};
+    return [q.name, { total: m.total || 0, done: (m.total || 0) - (m.pending || 0) - (m.processing || 0) }];
+  }));
+  const prev = lastSample;
+  lastSample = { at: now, queues: sample };
+  const rates = new Map();
+  if (!prev || now - prev.at < 500) return rates;
+  const dt = (now - prev.at) / 1000;
+  for (const [name, s] of sample) {
+    const p = prev.queues.get(name);
+    if (!p) continue;
+    rates.set(name, { in: Math.max(0, s.total - p.total) / dt, out: Math.max(0, s.done - p.done) / dt });
+  }
+  return rates;
+}
+
+async function overview() {
+  const [health, metrics, list, summary, groups, lagging, maint] = await Promise.all([
+    api("/health", { allow: [503] }).catch((e) => ({ status: "unreachable", database: e.message })),
+    api("/metrics"),
+    api("/api/v1/resources/queues"),
+    api("/api/v1/resources/overview"),
+    api("/api/v1/consumer-groups"),
+    api("/api/v1/consumer-groups/lagging?minLagSeconds=0"),
+    can("admin") ? api("/api/v1/system/maintenance") : Promise.resolve(null),
+  ]);
+  const spool = metrics.spool || {};
+  const flags = {
+    maintenance: maint ? maint.maintenanceMode : !!spool.maintenanceMode,
+    pop: maint ? maint.popMaintenanceMode : !!spool.popMaintenanceMode,
+  };
+  const healthy = health.status === "healthy";
+  const rates = queueRates(list.queues);
+  const lag = backlogs(lagging);
+  const msgs = summary.messages || {};
+
+  const card = (id, label, value, extra) =>
+    h("div", { class: "card", id }, h("dt", {}, label), h("dd", {}, value, extra ? h("br") : null, extra ? h("small", {}, extra) : null));
+  const cards = h("dl", { class: "cards" },
+    card("card-database", "Database", h("span", { class: healthy ? "state-ok" : "state-bad" }, healthy ? "healthy" : String(health.status || "unhealthy")),
+      `pool ${metrics.database?.poolSize ?? "—"} (idle ${metrics.database?.idleConnections ?? "—"})`),
+    card("card-spool", "Spool", h("span", { id: "spool-records" }, fmtNum(spool.records ?? 0)),
+      `${fmtBytes(spool.bytes)} · ${spool.dbUnreachableSeconds ? `database away ${fmtDuration(spool.dbUnreachableSeconds)}` : "replayed " + fmtNum(spool.replayed ?? 0)}` +
+      (spool.oldestSeconds ? ` · oldest ${fmtDuration(spool.oldestSeconds)}` : "")),
+    card("card-maintenance", "Maintenance",
+      h("span", { id: "maintenance-state", class: flags.maintenance || flags.pop ? "state-on" : "state-ok" },
+        flags.maintenance && flags.pop ? "push + pop" : flags.maintenance ? "push" : flags.pop ? "pop" : "off"),
+      flags.maintenance ? "pushes are spooled, replay paused" : flags.pop ? "pops answer empty" : "normal operation"),
+    card("card-messages", "Messages", fmtNum(msgs.total ?? 0),
+      `${fmtNum(msgs.pending ?? 0)} pending · ${fmtNum(msgs.processing ?? 0)} processing · ${fmtNum(msgs.deadLetter ?? 0)} dead`),
+    card("card-rate", "Ingest", `${fmtNum(summary.throughput?.ingestedPerSecond ?? 0)}/s`, "last minute"),
+    card("card-lag", "Max lag", fmtDuration(summary.lag?.time?.max ?? 0), `${fmtNum(summary.lag?.offset?.max ?? 0)} messages behind`),
+    card("card-queues", "Queues", fmtNum(summary.queues ?? 0), `${fmtNum(summary.partitions ?? 0)} partitions`),
+    card("card-broker", "Broker", health.version ? `v${health.version}` : "—", `up ${fmtDuration(metrics.uptime)}`),
+  );
+
+  const queueRows = list.queues.map((q) => {
+    const r = rates.get(q.name);
+    return h("tr", { "data-queue": q.name },
+      h("th", { scope: "row" }, h("a", { href: `#/queues/${enc(q.name)}` }, q.name)),
+      h("td", {}, q.namespace || ""),
+      num(q.partitions), num(q.messages.total), num(q.messages.pending), num(q.messages.processing),
+      num(r ? r.in : null), num(r ? r.out : null));
+  });
+  const groupRows = groups.map((g) => {
+    const backlog = lag.get(`${g.name}\u0000${g.queueName}`) || 0;
+    return h("tr", { "data-group": g.name, "data-queue": g.queueName },
+      h("th", { scope: "row" }, groupName(g.name)),
+      h("td", {}, h("a", { href: `#/queues/${enc(g.queueName)}` }, g.queueName)),
+      num(g.members), h("td", { class: "num", "data-backlog": backlog }, fmtNum(backlog)),
+      h("td", { class: "num" }, fmtDuration(g.maxTimeLag)), h("td", {}, g.state));
+  });
+  return [
+    h("h1", {}, "Overview"),
+    cards,
+    maintenanceToggles(flags),
+    h("h2", {}, "Queues"),
+    table("Queues with their backlog; rates are measured by this page between refreshes.",
+      ["Queue", "Namespace", "Partitions", "Total", "Pending", "Processing", "In/s", "Out/s"],
+      queueRows, "No queues yet."),
+    h("h2", {}, "Consumer groups"),
+    table("Lag per consumer group and queue.",
+      ["Group", "Queue", "Members", "Backlog (messages)", "Oldest unconsumed", "State"],
+      groupRows, "No consumer groups yet."),
+    h("p", { class: "note" }, REFRESH_SECS ? `Refreshes every ${REFRESH_SECS} s.` : "Automatic refresh is off.",
+      " ", h("button", { type: "button", id: "refresh", onclick: () => route() }, "Refresh now")),
+  ];
+}
+
+// ---------------------------------------------------------------- one queue
+
+async function queuePage(name, query) {
+  const [q, groups, recent] = await Promise.all([
+    api(`/api/v1/resources/queues/${enc(name)}`),
+    api("/api/v1/consumer-groups"),
+    api(`/api/v1/messages${qs({ queue: name, limit: RECENT_MESSAGES, from: new Date(Date.now() - 7 * 86400e3).toISOString() })}`),
+  ]);
+  const mine = groups.filter((g) => g.queueName === name);
+  const details = await Promise.all(mine.map((g) => api(`/api/v1/consumer-groups/${enc(g.name)}`)));
+
+  const options = h("dl", { class: "fields", id: "queue-options" },
+    Object.entries(q.options || {}).map(([k, v]) => [h("dt", {}, k), h("dd", {}, typeof v === "object" ? JSON.stringify(v) : String(v))]));
+
+  const groupRows = mine.map((g, i) => {
+    const parts = (details[i][name] && details[i][name].partitions) || [];
+    const backlog = parts.reduce((s, p) => s + (p.offsetLag || 0), 0);
+    const holders = [...new Set(parts.filter((p) => p.leaseActive).map((p) => `${p.workerId || "?"} on ${p.partition}`))];
+    return h("tr", { "data-group": g.name },
+      h("th", { scope: "row" }, groupName(g.name)),
+      num(backlog), num(parts.filter((p) => p.offsetLag > 0).length),
+      h("td", { class: "num" }, fmtDuration(g.maxTimeLag)),
+      h("td", {}, holders.length ? holders.slice(0, 10).join(", ") + (holders.length > 10 ? ` … (+${holders.length - 10})` : "") : "none"));
+  });
+
+  const all = q.partitions || [];
+  const pages = Math.max(1, Math.ceil(all.length / PARTITIONS_PER_PAGE));
+  const page = Math.min(pages, Math.max(1, Number(query.get("page")) || 1));
+  const shown = all.slice((page - 1) * PARTITIONS_PER_PAGE, page * PARTITIONS_PER_PAGE);
+  const partRows = shown.map((p) => h("tr", {},
+    h("th", { scope: "row" }, p.name),
+    num(p.stats.total), num(p.stats.pending), num(p.stats.processing), num(p.stats.completed), num(p.stats.deadLetter),
+    h("td", {}, fmtTime(p.oldestMessage)), h("td", {}, fmtTime(p.newestMessage))));
+  const pageLink = (n, label) => n < 1 || n > pages || n === page
+    ? h("span", { class: "note" }, label)
+    : h("a", { href: `#/queues/${enc(name)}?page=${n}` }, label);
+  const pager = h("nav", { class: "pager", "aria-label": "Partition pages" },
+    pageLink(page - 1, "← Previous"), h("span", {}, `page ${page} of ${pages} (${fmtNum(all.length)} partitions)`), pageLink(page + 1, "Next →"));
+
+  const msgRows = (recent.messages || []).map((m) => h("tr", {},
+    h("td", {}, fmtTime(m.createdAt)), h("td", {}, m.partition),
+    h("td", {}, h("a", { href: `#/messages/${enc(m.partitionId)}/${enc(m.transactionId)}` }, h("code", {}, m.transactionId))),
+    h("td", {}, m.status), h("td", { class: "preview" }, h("code", {}, preview(m.payload)))));
+
+  const t = q.totals || {};
+  return [
+    h("p", {}, h("a", { href: "#/" }, "← Overview")),
+    h("h1", {}, `Queue ${q.name}`),
+    h("dl", { class: "cards" },
+      ...[["Total", t.total], ["Pending", t.pending], ["Processing", t.processing], ["Completed", t.completed], ["Dead letters", t.deadLetter], ["Partitions", all.length]]
+        .map(([k, v]) => h("div", { class: "card" }, h("dt", {}, k), h("dd", {}, fmtNum(v ?? 0))))),
+    h("h2", {}, "Options"), options,
+    h("h2", {}, "Consumer groups"),
+    table("Per-group lag on this queue and who holds leases now.",
+      ["Group", "Backlog (messages)", "Partitions with lag", "Oldest unconsumed", "Lease holders"], groupRows, "No consumer group has read this queue."),
+    h("h2", {}, "Partitions"), pager,
+    table(`Partitions ${(page - 1) * PARTITIONS_PER_PAGE + 1}–${(page - 1) * PARTITIONS_PER_PAGE + shown.length}.`,
+      ["Partition", "Total", "Pending", "Processing", "Completed", "Dead", "Oldest", "Newest"], partRows, "No partitions."),
+    h("h2", {}, "Recent messages"),
+    table("Newest first, from the last 7 days; payloads truncated.", ["Created", "Partition", "Transaction id", "Status", "Payload"], msgRows, "No messages in the last 7 days."),
+  ];
+}
+
+// ---------------------------------------------------------------- one message
+
+async function messagePage(partitionId, transactionId) {
+  const m = await api(`/api/v1/messages/${enc(partitionId)}/${enc(transactionId)}`);
+  let pretty = JSON.stringify(m.payload, null, 2) ?? "";
+  const cut = pretty.length > PAYLOAD_CHARS;
+  if (cut) pretty = pretty.slice(0, PAYLOAD_CHARS);
+  const field = (k, v) => [h("dt", {}, k), h("dd", {}, v === null || v === undefined ? "—" : v)];
+  return [
+    h("p", {}, h("a", { href: `#/queues/${enc(m.queue)}` }, `← Queue ${m.queue}`)),
+    h("h1", {}, "Message"),
+    h("dl", { class: "fields", id: "message-fields" },
+      field("Queue / partition", `${m.queue} / ${m.partition}`),
+      field("Transaction id", h("code", {}, m.transactionId)),
+      field("Message id", h("code", {}, m.id)),
+      field("Status", m.status),
+      field("Created", fmtTime(m.createdAt)),
+      field("Lease expires", m.leaseExpiresAt ? fmtTime(m.leaseExpiresAt) : null),
+      field("Retries", String(m.retryCount ?? 0)),
+      field("Error", m.errorMessage),
+      field("Trace id", m.traceId),
+      field("Producer", m.producerSub),
+      field("Consumer groups", (m.consumerGroups || []).map((g) => `${groupName(g.name)}: ${g.consumed ? "consumed" : "not yet"}`).join("; ") || "none")),
+    h("h2", {}, "Payload"),
+    h("pre", { class: "payload", id: "payload", tabindex: "0" }, pretty),
+    cut ? h("p", { class: "note" }, `Shown: the first ${fmtNum(PAYLOAD_CHARS)} characters; the whole payload is at the API route.`) : null,
+  ];
+}
+
+// ---------------------------------------------------------------- dead letters
+
+async function dlqPage(query) {
+  const queue = query.get("queue") || "";
+  const group = query.get("consumerGroup") || "";
+  const page = Math.max(1, Number(query.get("page")) || 1);
+  const data = await api(`/api/v1/dlq${qs({ queue, consumerGroup: group, limit: DLQ_PER_PAGE, offset: (page - 1) * DLQ_PER_PAGE })}`);
+  const rows = data.messages.map((m) => h("tr", {},
+    h("td", {}, fmtTime(m.failedAt)),
+    h("td", {}, h("a", { href: `#/queues/${enc(m.queue)}` }, m.queue), ` / ${m.partition}`),
+    h("td", {}, groupName(m.consumerGroup)),
+    h("td", { class: "reason" }, m.errorMessage || "—"),
+    num(m.retryCount),
+    h("td", { class: "preview" }, h("code", {}, preview(m.data))),
+    h("td", {}, h("a", { href: `#/messages/${enc(m.partitionId)}/${enc(m.transactionId)}` }, "Details"))));
+  const pages = Math.max(1, Math.ceil(data.total / DLQ_PER_PAGE));
+  const link = (n, label) => n < 1 || n > pages || n === page
+    ? h("span", { class: "note" }, label)
+    : h("a", { href: `#/dlq${qs({ queue, consumerGroup: group, page: n })}` }, label);
+  const qIn = h("input", { id: "dlq-queue", name: "queue", value: queue });
+  const gIn = h("input", { id: "dlq-group", name: "consumerGroup", value: group });
+  return [
+    h("h1", {}, "Dead letters"),
+    h("form", {
+      class: "inline", role: "search",
+      onsubmit: (ev) => { ev.preventDefault(); location.hash = `#/dlq${qs({ queue: qIn.value.trim(), consumerGroup: gIn.value.trim() })}`; },
+    }, h("label", { for: "dlq-queue" }, "Queue", qIn), h("label", { for: "dlq-group" }, "Consumer group", gIn),
+    h("button", { type: "submit" }, "Filter")),
+    h("p", {}, `${fmtNum(data.total)} dead letter(s).`),
+    table("Newest failure first. A dead letter stays readable here and through the message route; the consumer group's cursor has moved past it.",
+      ["Failed", "Queue / partition", "Group", "Reason", "Retries", "Payload", ""], rows, "No dead letters."),
+    h("nav", { class: "pager", "aria-label": "Dead letter pages" }, link(page - 1, "← Previous"), h("span", {}, `page ${page} of ${pages}`), link(page + 1, "Next →")),
+  ];
+}
+
+// ---------------------------------------------------------------- consumer groups
+
+function confirmDialog(text, confirmLabel) {
+  return new Promise((resolve) => {
+    const dlg = h("dialog", { id: "confirm", "aria-labelledby": "confirm-text" },
+      h("p", { id: "confirm-text" }, text),
+      h("form", { method: "dialog", class: "actions" },
+        h("button", { value: "cancel", id: "confirm-cancel" }, "Cancel"),
+        h("button", { value: "ok", class: "danger primary", id: "confirm-ok" }, confirmLabel)));
+    dlg.addEventListener("close", () => { resolve(dlg.returnValue === "ok"); dlg.remove(); });
+    document.body.append(dlg);
+    dlg.showModal();
+    dlg.querySelector("#confirm-cancel").focus();
+  });
+}
+
+async function groupsPage() {
+  const [groups, lagging] = await Promise.all([
+    api("/api/v1/consumer-groups"),
+    api("/api/v1/consumer-groups/lagging?minLagSeconds=0"),
+  ]);
+  const lag = backlogs(lagging);
+  const act = async (what, fn) => {
+    try {
+      const r = await fn();
+      setStatus(`${what}: done${r && r.partitionsUpdated !== undefined ? ` (${r.partitionsUpdated} partition(s))` : ""}`);
+    } catch (e) {
+      setStatus(`${what}: ${e.message}`);
+    }
+    await route();
+  };
+  const rows = groups.map((g, i) => {
+    const base = `/api/v1/consumer-groups/${enc(g.name)}/queues/${enc(g.queueName)}`;
+    const label = `${groupName(g.name)} on ${g.queueName}`;
+    const when = h("input", { type: "datetime-local", id: `seek-time-${i}`, "aria-label": `Seek time for ${label} (UTC)`, step: 1 });
+    const actions = h("td", {}, h("div", { class: "actions" },
+      can("configure") ? [
+        h("button", { type: "button", "aria-label": `Seek ${label} to the end`, onclick: () => act(`Seek ${label} to end`, () => api(`${base}/seek`, { method: "POST", body: { toEnd: true } })) }, "Seek to end"),
+        when,
+        h("button", {
+          type: "button", "aria-label": `Seek ${label} to the time`,
+          onclick: () => {
+            if (!when.value) return setStatus("Choose a time to seek to.");
+            return act(`Seek ${label}`, () => api(`${base}/seek`, { method: "POST", body: { timestamp: `${when.value}Z` } }));
+          },
+        }, "Seek to time"),
+      ] : null,
+      can("admin") ? h("button", {
+        type: "button", class: "danger", "aria-label": `Delete ${label}`,
+        onclick: async () => {
+          if (await confirmDialog(`Delete consumer group ${label}? Its cursors and leases on this queue are removed; it starts over as a new group.`, "Delete")) {
+            await act(`Delete ${label}`, () => api(base, { method: "DELETE" }));
+          }
+        },
+      }, "Delete") : null));
+    const backlog = lag.get(`${g.name}\u0000${g.queueName}`) || 0;
+    return h("tr", { "data-group": g.name, "data-queue": g.queueName },
+      h("th", { scope: "row" }, groupName(g.name)),
+      h("td", {}, h("a", { href: `#/queues/${enc(g.queueName)}` }, g.queueName)),
+      num(g.members), num(backlog), num(g.partitionsWithLag), h("td", { class: "num" }, fmtDuration(g.maxTimeLag)),
+      h("td", {}, g.state), h("td", {}, g.subscriptionMode || ""),
+      can("configure") || can("admin") ? actions : null);
+  });
+  const headers = ["Group", "Queue", "Members", "Backlog (messages)", "Partitions with lag", "Oldest unconsumed", "State", "Subscription"];
+  if (can("configure") || can("admin")) headers.push("Actions");
+  return [
+    h("h1", {}, "Consumer groups"),
+    table("Lag per group and queue. Seek times are UTC.", headers, rows, "No consumer groups yet."),
+  ];
+}
+
+// ---------------------------------------------------------------- maintenance
+
+async function maintenancePage() {
+  const metrics = await api("/metrics");
+  const spool = metrics.spool || {};
+  let flags = { maintenance: !!spool.maintenanceMode, pop: !!spool.popMaintenanceMode };
+  let buffered = spool.records ?? 0;
+  if (can("admin")) {
+    const m = await api("/api/v1/system/maintenance");
+    flags = { maintenance: m.maintenanceMode, pop: m.popMaintenanceMode };
+    buffered = m.bufferedMessages;
+  }
+  return [
+    h("h1", {}, "Maintenance"),
+    h("dl", { class: "fields" },
+      h("dt", {}, "Push maintenance"), h("dd", { id: "push-maintenance" }, flags.maintenance ? "on: every push is spooled to disk and replay is paused" : "off"),
+      h("dt", {}, "Pop maintenance"), h("dd", { id: "pop-maintenance" }, flags.pop ? "on: every pop answers empty" : "off"),
+      h("dt", {}, "Spooled items"), h("dd", { id: "spool-count" }, fmtNum(buffered)),
+      h("dt", {}, "Spool size"), h("dd", {}, fmtBytes(spool.bytes)),
+      h("dt", {}, "Replayed since start"), h("dd", {}, fmtNum(spool.replayed ?? 0)),
+      h("dt", {}, "Database unreachable for"), h("dd", {}, spool.dbUnreachableSeconds ? fmtDuration(spool.dbUnreachableSeconds) : "—")),
+    maintenanceToggles(flags) || h("p", { class: "note" }, "Changing maintenance mode needs the admin role."),
+  ];
+}
+
+// ---------------------------------------------------------------- start
+
+window.addEventListener("hashchange", () => { route(); document.getElementById("main").focus({ preventScroll: true }); });
+boot();

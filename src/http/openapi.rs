@@ -1,0 +1,524 @@
+//! The OpenAPI 3.1 document of the HTTP API, served at `GET /api/v1/openapi.json`.
+//!
+//! Its paths are generated from the route table (`http::routes`), so a route added there is
+//! in the document with no other change: method, path, path parameters, who may call it (the
+//! route's capability, as the bearer requirement and the `x-capability` extension). The
+//! request and response shapes of the main routes (push, pop, ack, ack/batch, transaction,
+//! configure) are written here, in one place, as JSON Schema; every other route is described
+//! as "a JSON answer" (outside `/api/`: any content, e.g. the dashboard's pages) until its shape
+//! is written here too. Every operation lists its errors
+//! (`{"error": text}`) as the `default` response.
+
+use actix_web::http::Method;
+use serde_json::{json, Map, Value};
+
+use crate::http::Capability;
+use crate::http::Route;
+
+/// The document's `info.version`: the broker's version.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// A queue, partition, group, namespace or task name (reference §1: at most 255 characters;
+/// PostgreSQL text holds no NUL).
+fn name() -> Value {
+    json!({ "type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[^\\u0000]+$" })
+}
+
+/// Text stored by the broker (no NUL).
+fn text() -> Value {
+    json!({ "type": "string", "maxLength": 255, "pattern": "^[^\\u0000]*$" })
+}
+
+/// The reusable schemas (`components.schemas`).
+fn schemas() -> Value {
+    json!({
+        "Error": {
+            "type": "object",
+            "required": ["error"],
+            "properties": { "error": { "type": "string" }, "code": { "type": "string" } },
+        },
+        "Name": name(),
+        "PushItem": {
+            "type": "object",
+            "required": ["queue", "payload"],
+            "properties": {
+                "queue": name(),
+                "partition": { "anyOf": [name(), { "type": "null" }] },
+                "payload": { "description": "any JSON value, stored and popped back verbatim" },
+                "transactionId": { "anyOf": [text(), { "type": "null" }] },
+            },
+        },
+        "PushRequest": {
+            "type": "object",
+            "required": ["items"],
+            "properties": {
+                "items": { "type": "array", "items": { "$ref": "#/components/schemas/PushItem" } },
+            },
+        },
+        "PushResult": {
+            "type": "object",
+            "required": ["index", "message_id", "transaction_id", "queueName", "status"],
+            "properties": {
+                "index": { "type": "integer", "minimum": 0 },
+                "message_id": { "type": "string", "format": "uuid" },
+                "transaction_id": { "type": "string" },
+                "queueName": { "type": "string" },
+                "status": { "enum": ["queued", "duplicate", "buffered", "failed"] },
+            },
+        },
+        "PushResponse": { "type": "array", "items": { "$ref": "#/components/schemas/PushResult" } },
+        "Message": {
+            "type": "object",
+            "required": ["id", "transactionId", "partitionId", "partition", "queue", "leaseId",
+                         "consumerGroup", "createdAt", "data", "producerSub", "traceId", "retryCount"],
+            "properties": {
+                "id": { "type": "string", "format": "uuid" },
+                "transactionId": { "type": "string" },
+                "partitionId": { "type": "string", "format": "uuid" },
+                "partition": { "type": "string" },
+                "queue": { "type": "string" },
+                "leaseId": { "type": "string" },
+                "consumerGroup": { "type": "string" },
+                "createdAt": { "type": "string" },
+                "data": { "description": "the pushed payload, verbatim" },
+                "producerSub": { "type": ["string", "null"] },
+                "traceId": { "type": ["string", "null"] },
+                "retryCount": { "type": "integer" },
+            },
+        },
+        "PopResponse": {
+            "type": "object",
+            "required": ["success", "queue", "partition", "partitionId", "leaseId", "consumerGroup",
+                         "messages", "partitionsClaimed"],
+            "properties": {
+                "success": { "const": true },
+                "queue": { "type": "string" },
+                "partition": { "type": "string" },
+                "partitionId": { "type": "string", "format": "uuid" },
+                "leaseId": { "type": "string", "description": "empty with autoAck" },
+                "consumerGroup": { "type": "string" },
+                "messages": { "type": "array", "items": { "$ref": "#/components/schemas/Message" } },
+                "partitionsClaimed": { "type": "integer", "minimum": 1 },
+            },
+        },
+        "Ack": {
+            "type": "object",
+            "required": ["transactionId", "partitionId"],
+            "properties": {
+                "transactionId": text(),
+                "partitionId": { "type": "string", "format": "uuid" },
+                "status": { "enum": ["completed", "success", "failed", "dlq", "retry"] },
+                "consumerGroup": { "anyOf": [name(), { "type": "null" }] },
+                "leaseId": { "anyOf": [text(), { "type": "null" }] },
+                "error": { "anyOf": [text(), { "type": "null" }] },
+            },
+        },
+        "AckBatchRequest": {
+            "type": "object",
+            "required": ["acknowledgments"],
+            "properties": {
+                "acknowledgments": { "type": "array", "items": { "$ref": "#/components/schemas/Ack" } },
+                "consumerGroup": { "anyOf": [name(), { "type": "null" }] },
+            },
+        },
+        "AckResult": {
+            "type": "object",
+            "required": ["index", "transactionId", "success"],
+            "properties": {
+                "index": { "type": "integer", "minimum": 0 },
+                "transactionId": { "type": "string" },
+                "success": { "type": "boolean" },
+                "error": { "type": ["string", "null"] },
+                "queueName": { "type": ["string", "null"] },
+                "partitionName": { "type": ["string", "null"] },
+                "leaseReleased": { "type": "boolean" },
+                "dlq": { "type": "boolean" },
+            },
+        },
+        "AckResponse": { "type": "array", "items": { "$ref": "#/components/schemas/AckResult" } },
+        "TransactionRequest": {
+            "type": "object",
+            "required": ["operations"],
+            "properties": {
+                "operations": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": { "oneOf": [
+                        {
+                            "type": "object",
+                            "required": ["type", "items"],
+                            "properties": {
+                                "type": { "const": "push" },
+                                "items": { "type": "array", "items": {
+                                    "allOf": [{ "$ref": "#/components/schemas/PushItem" }],
+                                    "properties": { "traceId": { "anyOf": [text(), { "type": "null" }] } },
+                                } },
+                            },
+                        },
+                        {
+                            "allOf": [{ "$ref": "#/components/schemas/Ack" }],
+                            "type": "object",
+                            "required": ["type"],
+                            "properties": { "type": { "const": "ack" } },
+                        },
+                    ] },
+                },
+                "requiredLeases": { "type": "array", "items": { "type": "string" } },
+            },
+        },
+        "TransactionResponse": {
+            "type": "object",
+            "required": ["transactionId", "success", "results"],
+            "properties": {
+                "transactionId": { "type": "string" },
+                "success": { "type": "boolean" },
+                "error": { "type": ["string", "null"] },
+                "results": { "type": "array", "items": {
+                    "type": "object",
+                    "required": ["index", "type", "success"],
+                    "properties": {
+                        "index": { "type": "integer" },
+                        "type": { "enum": ["push", "ack"] },
+                        "success": { "type": "boolean" },
+                    },
+                } },
+            },
+        },
+        "QueueOptions": {
+            "type": "object",
+            "properties": {
+                "leaseTime": { "type": ["integer", "null"], "minimum": 0, "maximum": 2147483647 },
+                "retryLimit": { "type": ["integer", "null"], "minimum": 0, "maximum": 2147483647 },
+                "priority": { "type": ["integer", "null"], "minimum": 0, "maximum": 2147483647 },
+                "delayedProcessing": { "type": ["integer", "null"], "minimum": 0, "maximum": 2147483647 },
+                "windowBuffer": { "type": ["integer", "null"], "minimum": 0, "maximum": 2147483647 },
+                "maxSize": { "type": ["integer", "null"], "minimum": 0, "maximum": 2147483647 },
+                "retentionSeconds": { "type": ["integer", "null"], "minimum": 0, "maximum": 2147483647 },
+                "completedRetentionSeconds": { "type": ["integer", "null"], "minimum": 0, "maximum": 2147483647 },
+                "dedupWindowSeconds": { "type": ["integer", "null"], "minimum": 0, "maximum": 2147483647 },
+                "encryptionEnabled": { "type": ["boolean", "null"] },
+                "retentionEnabled": { "type": ["boolean", "null"] },
+            },
+        },
+        "ConfigureRequest": {
+            "type": "object",
+            "required": ["queue"],
+            "properties": {
+                "queue": name(),
+                "namespace": { "anyOf": [text(), { "type": "null" }] },
+                "task": { "anyOf": [text(), { "type": "null" }] },
+                "options": { "$ref": "#/components/schemas/QueueOptions" },
+            },
+        },
+        "ConfigureResponse": {
+            "type": "object",
+            "required": ["configured", "queueId", "partitionId", "queue"],
+            "properties": {
+                "configured": { "const": true },
+                "queueId": { "type": "string", "format": "uuid" },
+                "partitionId": { "type": "string", "format": "uuid" },
+                "queue": { "type": "string" },
+                "namespace": { "type": "string" },
+                "task": { "type": "string" },
+                "options": { "type": "object" },
+            },
+        },
+    })
+}
+
+fn schema_ref(name: &str) -> Value {
+    json!({ "$ref": format!("#/components/schemas/{name}") })
+}
+
+fn json_content(schema: Value) -> Value {
+    json!({ "application/json": { "schema": schema } })
+}
+
+/// The query of the three pop routes (reference §4.2).
+fn pop_query() -> Vec<Value> {
+    let q = |name: &str, schema: Value, description: &str| {
+        json!({ "name": name, "in": "query", "required": false, "schema": schema,
+                "description": description })
+    };
+    vec![
+        q(
+            "batch",
+            json!({ "type": "integer", "minimum": 1, "maximum": 10000 }),
+            "messages per pop (default 1)",
+        ),
+        q(
+            "partitions",
+            json!({ "type": "integer", "minimum": 1, "maximum": 100 }),
+            "partitions claimed at most (default 1)",
+        ),
+        q(
+            "wait",
+            json!({ "type": "boolean" }),
+            "long-poll until a message arrives or `timeout` passes",
+        ),
+        q(
+            "timeout",
+            json!({ "type": "integer", "minimum": 0, "maximum": 30000 }),
+            "long-poll limit in ms (default 30000)",
+        ),
+        q(
+            "consumerGroup",
+            name(),
+            "consumer group (default: queue mode)",
+        ),
+        q(
+            "autoAck",
+            json!({ "type": "boolean" }),
+            "commit the cursor at once, no lease",
+        ),
+        q(
+            "subscriptionMode",
+            json!({ "enum": ["all", "new", "new-only"] }),
+            "where a new group starts",
+        ),
+        q(
+            "subscriptionFrom",
+            json!({ "type": "string" }),
+            "`now` or an RFC 3339 time: where a new group starts",
+        ),
+    ]
+}
+
+/// What is written here about one route: (request body schema, success status, success
+/// schema, extra parameters).
+struct Shape {
+    request: Option<Value>,
+    success: &'static str,
+    response: Value,
+    parameters: Vec<Value>,
+}
+
+/// The shapes of the main routes; `None` for a route described only generically.
+fn shape(method: &Method, path: &str) -> Option<Shape> {
+    let s = |request: Option<&str>, success, response: &str| Shape {
+        request: request.map(schema_ref),
+        success,
+        response: json_content(schema_ref(response)),
+        parameters: Vec::new(),
+    };
+    let pop = || {
+        let mut shape = s(None, "200", "PopResponse");
+        shape.parameters = pop_query();
+        shape
+    };
+    Some(match (method.as_str(), path) {
+        ("POST", "/api/v1/push") => s(Some("PushRequest"), "201", "PushResponse"),
+        ("POST", "/api/v1/ack") => s(Some("Ack"), "200", "AckResponse"),
+        ("POST", "/api/v1/ack/batch") => s(Some("AckBatchRequest"), "200", "AckResponse"),
+        ("POST", "/api/v1/transaction") => {
+            s(Some("TransactionRequest"), "200", "TransactionResponse")
+        }
+        ("POST", "/api/v1/configure") => s(Some("ConfigureRequest"), "200", "ConfigureResponse"),
+        ("GET", "/api/v1/pop/queue/{queue}")
+        | ("GET", "/api/v1/pop/queue/{queue}/partition/{partition}") => pop(),
+        ("GET", "/api/v1/pop") => {
+            let mut shape = pop();
+            shape
+                .parameters
+                .push(json!({ "name": "namespace", "in": "query", "schema": text() }));
+            shape
+                .parameters
+                .push(json!({ "name": "task", "in": "query", "schema": text() }));
+            shape
+        }
+        _ => return None,
+    })
+}
+
+/// `{a}` segments of an actix path, with any `:regex` removed: (OpenAPI path, names).
+fn openapi_path(path: &str) -> (String, Vec<String>) {
+    let mut out = String::new();
+    let mut names = Vec::new();
+    let mut rest = path;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let close = rest[open..].find('}').map_or(rest.len(), |c| open + c);
+        let inner = &rest[open + 1..close];
+        let name = inner.split(':').next().unwrap_or(inner).to_string();
+        out.push_str(&format!("{{{name}}}"));
+        names.push(name);
+        rest = rest.get(close + 1..).unwrap_or("");
+    }
+    out.push_str(rest);
+    (out, names)
+}
+
+fn capability_name(c: Capability) -> &'static str {
+    match c {
+        Capability::Public => "public",
+        Capability::Produce => "produce",
+        Capability::Consume => "consume",
+        Capability::ProduceAndConsume => "produce+consume",
+        Capability::Configure => "configure",
+        Capability::Read => "read",
+        Capability::Admin => "admin",
+    }
+}
+
+/// One operation of the document.
+fn operation(route: &Route) -> (String, String, Value) {
+    let (path, names) = openapi_path(route.path);
+    let method = route.method.as_str().to_ascii_lowercase();
+    let mut parameters: Vec<Value> = names
+        .iter()
+        .map(|n| {
+            let schema = if n.ends_with("Id") || n == "lease_id" {
+                json!({ "type": "string" })
+            } else {
+                name()
+            };
+            json!({ "name": n, "in": "path", "required": true, "schema": schema })
+        })
+        .collect();
+    let shape = shape(&route.method, route.path);
+    let mut op = Map::new();
+    op.insert("operationId".into(), format!("{method} {path}").into());
+    op.insert(
+        "x-capability".into(),
+        capability_name(route.capability).into(),
+    );
+    if route.capability != Capability::Public {
+        op.insert("security".into(), json!([{ "bearer": [] }, {}]));
+    }
+    let mut responses = Map::new();
+    match shape {
+        Some(shape) => {
+            parameters.extend(shape.parameters);
+            if let Some(request) = shape.request {
+                op.insert(
+                    "requestBody".into(),
+                    json!({ "required": true, "content": json_content(request) }),
+                );
+            }
+            responses.insert(
+                shape.success.into(),
+                json!({ "description": "success", "content": shape.response }),
+            );
+        }
+        None if route.path == "/metrics/prometheus" => {
+            responses.insert(
+                "200".into(),
+                json!({ "description": "Prometheus text exposition",
+                        "content": { "text/plain": { "schema": { "type": "string" } } } }),
+            );
+        }
+        None if route.path.starts_with("/api/") => {
+            responses.insert(
+                "2XX".into(),
+                json!({ "description": "a JSON answer (shape not described here yet)",
+                        "content": { "application/json": { "schema": {} } } }),
+            );
+        }
+        None => {
+            responses.insert(
+                "2XX".into(),
+                json!({ "description": "a page, a file or a JSON answer",
+                        "content": { "*/*": { "schema": {} } } }),
+            );
+        }
+    }
+    if route.path.starts_with("/api/v1/pop") || route.method == Method::DELETE {
+        responses.insert(
+            "204".into(),
+            json!({ "description": "nothing to answer (pop: no message within the wait)" }),
+        );
+    }
+    responses.insert(
+        "default".into(),
+        json!({
+            "description": "an error: 400 names the field, 401/403 authentication, 404 unknown, 413 too large, 503 retry later",
+            "content": {
+                "application/json": { "schema": schema_ref("Error") },
+                "text/plain": { "schema": { "type": "string" } },
+            },
+        }),
+    );
+    if !parameters.is_empty() {
+        op.insert("parameters".into(), parameters.into());
+    }
+    op.insert("responses".into(), responses.into());
+    (path, method, Value::Object(op))
+}
+
+/// The document for `routes`.
+pub fn document(routes: &[Route]) -> Value {
+    let mut paths = Map::new();
+    for route in routes {
+        let (path, method, op) = operation(route);
+        let entry = paths
+            .entry(path)
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Value::Object(methods) = entry {
+            methods.insert(method, op);
+        }
+    }
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "queen-broker",
+            "version": VERSION,
+            "description": "Queen MQ's HTTP protocol as served by queen-broker. Generated from the broker's route table.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": schemas(),
+            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer", "bearerFormat": "JWT" } },
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_route_given_is_one_operation() {
+        let routes = vec![
+            Route::new(Method::GET, "/a/{queue}", Capability::Read, |r| r),
+            Route::new(Method::DELETE, "/a/{queue}", Capability::Admin, |r| r),
+            Route::new(Method::POST, "/api/v1/push", Capability::Produce, |r| r),
+            Route::new(Method::GET, "/health", Capability::Public, |r| r),
+        ];
+        let doc = document(&routes);
+        assert_eq!(doc["paths"].as_object().unwrap().len(), 3);
+        assert_eq!(
+            doc["paths"]["/a/{queue}"]["get"]["parameters"][0]["name"],
+            "queue"
+        );
+        assert_eq!(
+            doc["paths"]["/a/{queue}"]["delete"]["x-capability"],
+            "admin"
+        );
+        assert!(doc["paths"]["/health"]["get"]["security"].is_null());
+        let push = &doc["paths"]["/api/v1/push"]["post"];
+        assert_eq!(
+            push["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/PushRequest"
+        );
+        // Every reference resolves.
+        let text = doc.to_string();
+        for piece in text.split("#/components/schemas/").skip(1) {
+            let name = piece.split('"').next().unwrap();
+            assert!(
+                doc["components"]["schemas"][name].is_object(),
+                "{name} is referenced but not defined"
+            );
+        }
+    }
+
+    #[test]
+    fn actix_patterns_become_openapi_paths() {
+        assert_eq!(
+            openapi_path("/a/{queue}/b/{tail:.*}"),
+            (
+                "/a/{queue}/b/{tail}".to_string(),
+                vec!["queue".to_string(), "tail".to_string()]
+            )
+        );
+    }
+}

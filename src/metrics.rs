@@ -1,0 +1,713 @@
+//! The broker's metrics: ONE Prometheus registry per broker, built at start-up, updated on the
+//! hot path (atomic counters and histogram buckets, no locks held across I/O), read by both
+//! `GET /metrics/prometheus` (text exposition) and `GET /metrics` (Queen's JSON shape, filled
+//! from the same families). docs/operations.md lists every family.
+//!
+//! Who reports what:
+//! - the HTTP middleware (`http::observe`): requests by route, method and status class, their
+//!   latency, and the latency of pops;
+//! - the push, pop and ack handlers: one call each ([`Metrics::pushed`], [`Metrics::popped`],
+//!   [`Metrics::acked`]);
+//! - the committers, through the actors crate's `CommitObserver` trait (the actors know
+//!   nothing of Prometheus): commit latency and batch sizes;
+//! - gauges (partition actors, backlog, spool, pools, leases) are read when scraped
+//!   ([`Gauges`]), so they cost nothing between scrapes.
+//!
+//! `QUEEN_METRICS=false` stops the recording (counters and histograms stay at zero), which is
+//! how the bench measures what recording costs.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use broker_actors::observe::{CommitObserver, CommitReport};
+use prometheus::core::Collector;
+use prometheus::proto::{MetricFamily, MetricType};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use crate::storage::acks::{Ack, AckOutcome, AckStatus};
+use crate::storage::consume::Popped;
+
+/// Latency buckets in seconds: 0.5 ms .. 10 s.
+const LATENCY: &[f64] = &[
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+/// Pop latency: as [`LATENCY`], plus the long-poll range.
+const POP_LATENCY: &[f64] = &[
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+/// Message age in seconds: 1 ms .. 1 day.
+const AGE: &[f64] = &[
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0, 3600.0, 86400.0,
+];
+
+/// The verdicts a push item can get, in the order of [`Metrics::push_by_verdict`].
+const VERDICTS: [&str; 4] = ["queued", "duplicate", "buffered", "failed"];
+
+/// What the scrape reads from the broker's state (see `http::metrics`).
+#[derive(Debug, Default, Clone)]
+pub struct Gauges {
+    /// Connections of the shared pool / idle among them.
+    pub pool_size: u32,
+    /// Idle connections of the shared pool.
+    pub pool_idle: usize,
+    /// Connections of the leasing pops' pool.
+    pub lease_pool_size: u32,
+    /// Idle connections of the leasing pops' pool.
+    pub lease_pool_idle: usize,
+    /// Items in the spool not yet replayed.
+    pub spool_records: u64,
+    /// Bytes of spool files.
+    pub spool_bytes: u64,
+    /// Age of the oldest spool file holding items not yet replayed, seconds (0 when empty).
+    pub spool_oldest_secs: f64,
+    /// Items replayed from the spool since start.
+    pub replayed: u64,
+    /// Spooled records PostgreSQL refused, kept in the quarantine file.
+    pub quarantined: u64,
+    /// How long commits have failed to reach PostgreSQL, if they do.
+    pub db_down_for: Option<Duration>,
+    /// Push maintenance mode.
+    pub maintenance: bool,
+    /// Pop maintenance mode.
+    pub pop_maintenance: bool,
+    /// Live partition actors.
+    pub partition_actors: usize,
+    /// Request bytes held by the write path.
+    pub inflight_bytes: usize,
+    /// Items handed to committers and not yet committed.
+    pub commit_backlog: usize,
+    /// Live leases in the database (every broker's), when it answered.
+    pub leases: Option<i64>,
+}
+
+/// Gauges, set from [`Gauges`] at each scrape.
+struct GaugeSet {
+    uptime: IntGauge,
+    pool_size: IntGaugeVec,
+    pool_idle: IntGaugeVec,
+    pool_active: IntGaugeVec,
+    spool_pending: IntGauge,
+    spool_bytes: IntGauge,
+    spool_oldest: prometheus::Gauge,
+    replayed: IntCounter,
+    db_healthy: IntGauge,
+    db_unreachable: IntGauge,
+    quarantined: IntGauge,
+    maintenance: IntGauge,
+    pop_maintenance: IntGauge,
+    partition_actors: IntGauge,
+    inflight_bytes: IntGauge,
+    commit_backlog: IntGauge,
+    leases: IntGaugeVec,
+}
+
+/// The rates of `GET /metrics`, computed between two calls at least a second apart.
+#[derive(Default)]
+struct Rates {
+    at: Option<Instant>,
+    requests: f64,
+    messages: f64,
+    request_rate: f64,
+    message_rate: f64,
+}
+
+/// One broker's metrics; see the module docs.
+pub struct Metrics {
+    enabled: bool,
+    started: Instant,
+    registry: Registry,
+    push_by_verdict: [IntCounter; 4],
+    pop_messages: IntCounter,
+    acks: IntCounterVec,
+    http_requests: IntCounterVec,
+    http_duration: HistogramVec,
+    commit_ok: Histogram,
+    commit_failed: Histogram,
+    commit_items: Histogram,
+    commit_partitions: Histogram,
+    pop_duration: HistogramVec,
+    pop_age: Histogram,
+    gauges: Mutex<GaugeSet>,
+    rates: Mutex<Rates>,
+}
+
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("unique metric");
+    c
+}
+
+fn histogram_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+    buckets: &[f64],
+) -> HistogramVec {
+    let h = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        labels,
+    )
+    .expect("valid metric");
+    registry
+        .register(Box::new(h.clone()))
+        .expect("unique metric");
+    h
+}
+
+fn histogram(registry: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
+    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
+        .expect("valid metric");
+    registry
+        .register(Box::new(h.clone()))
+        .expect("unique metric");
+    h
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let g = IntGauge::new(name, help).expect("valid metric");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("unique metric");
+    g
+}
+
+fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("unique metric");
+    g
+}
+
+fn register(registry: &Registry, c: impl Collector + 'static) {
+    registry.register(Box::new(c)).expect("unique metric");
+}
+
+/// Microseconds since the Unix epoch.
+fn now_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+impl Metrics {
+    /// A fresh registry with every family; `enabled: false` records nothing (gauges are still
+    /// read at scrape time).
+    pub fn new(enabled: bool) -> Self {
+        let r = Registry::new();
+        let push = counter_vec(
+            &r,
+            "queen_push_messages_total",
+            "items answered by POST /api/v1/push, by verdict",
+            &["verdict"],
+        );
+        let push_by_verdict = VERDICTS.map(|v| push.with_label_values(&[v]));
+        let pop_messages = IntCounter::new(
+            "queen_pop_messages_total",
+            "messages handed out by the pop routes",
+        )
+        .expect("valid metric");
+        register(&r, pop_messages.clone());
+        let acks = counter_vec(
+            &r,
+            "queen_ack_total",
+            "acknowledgements of /ack and /ack/batch, by requested status and result",
+            &["status", "result"],
+        );
+        let http_requests = counter_vec(
+            &r,
+            "queen_http_requests_total",
+            "HTTP requests answered, by route pattern, method and status class",
+            &["route", "method", "status"],
+        );
+        let http_duration = histogram_vec(
+            &r,
+            "queen_http_request_duration_seconds",
+            "time from request to response, by route pattern and method",
+            &["route", "method"],
+            LATENCY,
+        );
+        let commit = histogram_vec(
+            &r,
+            "queen_commit_duration_seconds",
+            "duration of one committer transaction, by result",
+            &["result"],
+            LATENCY,
+        );
+        let commit_items = histogram(
+            &r,
+            "queen_commit_batch_items",
+            "items per committer transaction",
+            prometheus::exponential_buckets(1.0, 2.0, 16).expect("valid buckets"),
+        );
+        let commit_partitions = histogram(
+            &r,
+            "queen_commit_batch_partitions",
+            "partitions (segments) per committer transaction",
+            prometheus::exponential_buckets(1.0, 2.0, 11).expect("valid buckets"),
+        );
+        let pop_duration = histogram_vec(
+            &r,
+            "queen_pop_duration_seconds",
+            "pop requests from arrival to answer (long-polls included), by result",
+            &["result"],
+            POP_LATENCY,
+        );
+        let pop_age = histogram(
+            &r,
+            "queen_pop_message_age_seconds",
+            "end-to-end age of popped messages: from arrival at the broker to being popped",
+            AGE.to_vec(),
+        );
+        let gauges = GaugeSet {
+            uptime: gauge(
+                &r,
+                "queen_uptime_seconds",
+                "seconds since the broker started",
+            ),
+            pool_size: gauge_vec(
+                &r,
+                "queen_db_pool_size",
+                "connections of a PostgreSQL pool",
+                &["pool"],
+            ),
+            pool_idle: gauge_vec(
+                &r,
+                "queen_db_pool_idle",
+                "idle connections of a PostgreSQL pool",
+                &["pool"],
+            ),
+            pool_active: gauge_vec(
+                &r,
+                "queen_db_pool_active",
+                "connections of a PostgreSQL pool in use",
+                &["pool"],
+            ),
+            spool_pending: gauge(
+                &r,
+                "queen_file_buffer_pending",
+                "items in the spool not yet replayed",
+            ),
+            spool_bytes: gauge(
+                &r,
+                "queen_file_buffer_bytes",
+                "bytes of spool files on disk",
+            ),
+            spool_oldest: {
+                let g = prometheus::Gauge::new(
+                    "queen_file_buffer_oldest_seconds",
+                    "age of the oldest spool file holding items not yet replayed (0 when empty)",
+                )
+                .expect("valid metric");
+                register(&r, g.clone());
+                g
+            },
+            replayed: {
+                let c = IntCounter::new(
+                    "queen_file_buffer_replayed_total",
+                    "items replayed from the spool since start",
+                )
+                .expect("valid metric");
+                register(&r, c.clone());
+                c
+            },
+            db_healthy: gauge(
+                &r,
+                "queen_file_buffer_db_healthy",
+                "1 unless commits currently fail to reach PostgreSQL",
+            ),
+            db_unreachable: gauge(
+                &r,
+                "queen_db_unreachable_seconds",
+                "how long commits have failed to reach PostgreSQL",
+            ),
+            quarantined: gauge(
+                &r,
+                "queen_spool_quarantined_records",
+                "spooled records PostgreSQL refused, kept in the quarantine file (GET /api/v1/system/quarantine)",
+            ),
+            maintenance: gauge(
+                &r,
+                "queen_maintenance_mode_enabled",
+                "1 while push maintenance mode is on",
+            ),
+            pop_maintenance: gauge(
+                &r,
+                "queen_pop_maintenance_mode_enabled",
+                "1 while pop maintenance mode is on",
+            ),
+            partition_actors: gauge(&r, "queen_partition_actors", "live partition actors"),
+            inflight_bytes: gauge(
+                &r,
+                "queen_inflight_bytes",
+                "request bytes held by the write path",
+            ),
+            commit_backlog: gauge(
+                &r,
+                "queen_commit_backlog_items",
+                "items handed to committers and not yet committed",
+            ),
+            leases: gauge_vec(
+                &r,
+                "queen_leases_held",
+                "live leases in the database (all brokers)",
+                &["scope"],
+            ),
+        };
+        #[cfg(target_os = "linux")]
+        register(
+            &r,
+            prometheus::process_collector::ProcessCollector::for_self(),
+        );
+        Self {
+            enabled,
+            started: Instant::now(),
+            registry: r,
+            push_by_verdict,
+            pop_messages,
+            acks,
+            http_requests,
+            http_duration,
+            commit_ok: commit.with_label_values(&["ok"]),
+            commit_failed: commit.with_label_values(&["error"]),
+            commit_items,
+            commit_partitions,
+            pop_duration,
+            pop_age,
+            gauges: Mutex::new(gauges),
+            rates: Mutex::new(Rates::default()),
+        }
+    }
+
+    /// Whether counters and histograms are recorded (`QUEEN_METRICS`).
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// The verdicts a push answered (`queued`, `duplicate`, `buffered`, `failed`).
+    pub fn pushed<'a>(&self, verdicts: impl Iterator<Item = &'a str>) {
+        if !self.enabled {
+            return;
+        }
+        let mut counts = [0u64; 4];
+        for verdict in verdicts {
+            if let Some(i) = VERDICTS.iter().position(|v| *v == verdict) {
+                counts[i] += 1;
+            }
+        }
+        for (counter, n) in self.push_by_verdict.iter().zip(counts) {
+            if n > 0 {
+                counter.inc_by(n);
+            }
+        }
+    }
+
+    /// The messages a pop hands out, and how old each one is.
+    pub fn popped(&self, popped: &Popped) {
+        if !self.enabled {
+            return;
+        }
+        let now = now_micros();
+        let age = self.pop_age.local();
+        let mut count = 0;
+        for d in &popped.deliveries {
+            count += d.count as u64;
+            // A segment that does not decode is reported by the answer itself (500).
+            if let Ok(frames) = d.frames() {
+                for f in frames {
+                    age.observe((now - f.created_at_micros).max(0) as f64 / 1e6);
+                }
+            }
+        }
+        age.flush();
+        self.pop_messages.inc_by(count);
+    }
+
+    /// The outcome of each ack of a request.
+    pub fn acked(&self, acks: &[Ack], outcomes: &[AckOutcome]) {
+        if !self.enabled {
+            return;
+        }
+        for outcome in outcomes {
+            let status = match acks.get(outcome.index).map(|a| a.status) {
+                Some(AckStatus::Completed) => "completed",
+                Some(AckStatus::Failed) => "failed",
+                Some(AckStatus::Dlq) => "dlq",
+                Some(AckStatus::Retry) => "retry",
+                Some(AckStatus::Unknown) | None => "other",
+            };
+            let result = if outcome.success { "success" } else { "error" };
+            self.acks.with_label_values(&[status, result]).inc();
+        }
+    }
+
+    /// One answered HTTP request: `route` is the route's pattern (`unmatched` for none).
+    pub fn request(&self, route: &str, method: &str, status: u16, elapsed: Duration) {
+        if !self.enabled {
+            return;
+        }
+        let class = match status {
+            100..=199 => "1xx",
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        };
+        self.http_requests
+            .with_label_values(&[route, method, class])
+            .inc();
+        let secs = elapsed.as_secs_f64();
+        self.http_duration
+            .with_label_values(&[route, method])
+            .observe(secs);
+        if route.starts_with("/api/v1/pop") {
+            let result = match status {
+                200 => "messages",
+                204 => "empty",
+                _ => "error",
+            };
+            self.pop_duration.with_label_values(&[result]).observe(secs);
+        }
+    }
+
+    /// The registry's families with the gauges set from `g`.
+    fn gather(&self, g: &Gauges) -> Vec<MetricFamily> {
+        let set = self.gauges.lock().expect("metrics gauge lock poisoned");
+        set.uptime.set(self.started.elapsed().as_secs() as i64);
+        for (pool, size, idle) in [
+            ("shared", g.pool_size, g.pool_idle),
+            ("lease", g.lease_pool_size, g.lease_pool_idle),
+        ] {
+            set.pool_size
+                .with_label_values(&[pool])
+                .set(i64::from(size));
+            set.pool_idle.with_label_values(&[pool]).set(idle as i64);
+            set.pool_active
+                .with_label_values(&[pool])
+                .set((i64::from(size) - idle as i64).max(0));
+        }
+        set.spool_pending.set(g.spool_records as i64);
+        set.spool_bytes.set(g.spool_bytes as i64);
+        set.spool_oldest.set(g.spool_oldest_secs);
+        let replayed = set.replayed.get();
+        if g.replayed > replayed {
+            set.replayed.inc_by(g.replayed - replayed);
+        }
+        set.db_healthy.set(i64::from(g.db_down_for.is_none()));
+        set.db_unreachable
+            .set(g.db_down_for.map_or(0, |d| d.as_secs() as i64));
+        set.quarantined.set(g.quarantined as i64);
+        set.maintenance.set(i64::from(g.maintenance));
+        set.pop_maintenance.set(i64::from(g.pop_maintenance));
+        set.partition_actors.set(g.partition_actors as i64);
+        set.inflight_bytes.set(g.inflight_bytes as i64);
+        set.commit_backlog.set(g.commit_backlog as i64);
+        match g.leases {
+            Some(n) => set.leases.with_label_values(&["cluster"]).set(n),
+            None => {
+                let _ = set.leases.remove_label_values(&["cluster"]);
+            }
+        }
+        self.registry.gather()
+    }
+
+    /// The text exposition (`text/plain; version=0.0.4`).
+    ///
+    /// # Errors
+    ///
+    /// The encoder's error (never expected: every family is well-formed).
+    pub fn prometheus_text(&self, g: &Gauges) -> Result<Vec<u8>, prometheus::Error> {
+        let mut body = Vec::new();
+        TextEncoder::new().encode(&self.gather(g), &mut body)?;
+        Ok(body)
+    }
+
+    /// Queen's `GET /metrics` JSON, read from the same families.
+    pub fn json(&self, g: &Gauges) -> serde_json::Value {
+        let families = self.gather(g);
+        let sum = |name: &str| sum_of(&families, name, &[]);
+        let requests = sum("queen_http_requests_total");
+        let messages = sum_of(
+            &families,
+            "queen_push_messages_total",
+            &[("verdict", "queued"), ("verdict", "buffered")],
+        );
+        let (request_rate, message_rate) = {
+            let mut rates = self.rates.lock().expect("metrics rate lock poisoned");
+            let now = Instant::now();
+            match rates.at {
+                Some(at) if now.duration_since(at) < Duration::from_secs(1) => {}
+                Some(at) => {
+                    let secs = now.duration_since(at).as_secs_f64();
+                    rates.request_rate = (requests - rates.requests) / secs;
+                    rates.message_rate = (messages - rates.messages) / secs;
+                    rates.at = Some(now);
+                    rates.requests = requests;
+                    rates.messages = messages;
+                }
+                None => {
+                    let secs = self.started.elapsed().as_secs_f64().max(1.0);
+                    rates.request_rate = requests / secs;
+                    rates.message_rate = messages / secs;
+                    rates.at = Some(now);
+                    rates.requests = requests;
+                    rates.messages = messages;
+                }
+            }
+            (rates.request_rate, rates.message_rate)
+        };
+        let cpu_secs = sum("process_cpu_seconds_total");
+        serde_json::json!({
+            "uptime": self.started.elapsed().as_secs(),
+            "requests": { "total": requests as u64, "rate": round2(request_rate) },
+            "messages": {
+                "total": messages as u64,
+                "rate": round2(message_rate),
+                "pushed": sum("queen_push_messages_total") as u64,
+                "popped": sum("queen_pop_messages_total") as u64,
+                "acked": sum("queen_ack_total") as u64,
+            },
+            "database": {
+                "poolSize": g.pool_size,
+                "idleConnections": g.pool_idle,
+                "waitingRequests": 0,
+            },
+            "memory": {
+                "rss": sum("process_resident_memory_bytes") as u64,
+                "heapTotal": 0, "heapUsed": 0, "external": 0, "arrayBuffers": 0,
+            },
+            // Node reports microseconds; the process collector has user + system together.
+            "cpu": { "user": (cpu_secs * 1e6) as u64, "system": 0 },
+            "spool": {
+                "records": g.spool_records,
+                "bytes": g.spool_bytes,
+                "oldestSeconds": g.spool_oldest_secs,
+                "replayed": g.replayed,
+                "quarantined": g.quarantined,
+                "dbUnreachableSeconds": g.db_down_for.map_or(0, |d| d.as_secs()),
+                "maintenanceMode": g.maintenance,
+                "popMaintenanceMode": g.pop_maintenance,
+            },
+            "partitionActors": g.partition_actors,
+            "inflightBytes": g.inflight_bytes,
+            "commitBacklogItems": g.commit_backlog,
+        })
+    }
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// The sum of a family's samples (counter, gauge, or histogram count) whose labels include
+/// any of `only` (every sample when `only` is empty).
+pub fn sum_of(families: &[MetricFamily], name: &str, only: &[(&str, &str)]) -> f64 {
+    families
+        .iter()
+        .filter(|f| f.name() == name)
+        .flat_map(|f| f.get_metric().iter().map(move |m| (f.get_field_type(), m)))
+        .filter(|(_, m)| {
+            only.is_empty()
+                || m.get_label()
+                    .iter()
+                    .any(|l| only.iter().any(|(k, v)| l.name() == *k && l.value() == *v))
+        })
+        .map(|(kind, m)| match kind {
+            MetricType::COUNTER => m.get_counter().get_value(),
+            MetricType::GAUGE => m.get_gauge().get_value(),
+            MetricType::HISTOGRAM => m.get_histogram().get_sample_count() as f64,
+            _ => 0.0,
+        })
+        .sum()
+}
+
+impl CommitObserver for Metrics {
+    fn committed(&self, report: &CommitReport) {
+        if !self.enabled {
+            return;
+        }
+        let secs = report.elapsed.as_secs_f64();
+        if report.committed {
+            self.commit_ok.observe(secs);
+            self.commit_items.observe(report.items as f64);
+            self.commit_partitions.observe(report.segments as f64);
+        } else {
+            self.commit_failed.observe(secs);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_is_exposed_and_gauges_follow_the_state() {
+        let m = Metrics::new(true);
+        m.request("/api/v1/push", "POST", 201, Duration::from_millis(3));
+        m.request(
+            "/api/v1/pop/queue/{queue}",
+            "GET",
+            204,
+            Duration::from_millis(1),
+        );
+        m.committed(&CommitReport {
+            segments: 3,
+            items: 7,
+            elapsed: Duration::from_millis(2),
+            committed: true,
+        });
+        let g = Gauges {
+            spool_records: 5,
+            replayed: 9,
+            partition_actors: 2,
+            leases: Some(4),
+            ..Gauges::default()
+        };
+        let text = String::from_utf8(m.prometheus_text(&g).unwrap()).unwrap();
+        for line in [
+            "queen_http_requests_total{method=\"POST\",route=\"/api/v1/push\",status=\"2xx\"} 1",
+            "queen_pop_duration_seconds_count{result=\"empty\"} 1",
+            "queen_commit_batch_items_sum 7",
+            "queen_commit_batch_partitions_sum 3",
+            "queen_file_buffer_pending 5",
+            "queen_file_buffer_replayed_total 9",
+            "# TYPE queen_file_buffer_replayed_total counter",
+            "queen_partition_actors 2",
+            "queen_leases_held{scope=\"cluster\"} 4",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        // A second scrape with the same replay count does not count again.
+        let text = String::from_utf8(m.prometheus_text(&g).unwrap()).unwrap();
+        assert!(
+            text.contains("queen_file_buffer_replayed_total 9"),
+            "{text}"
+        );
+        let json = m.json(&g);
+        assert_eq!(json["requests"]["total"], 2);
+        assert_eq!(json["spool"]["records"], 5);
+    }
+
+    #[test]
+    fn switched_off_nothing_is_recorded() {
+        let m = Metrics::new(false);
+        m.request("/api/v1/push", "POST", 201, Duration::from_millis(3));
+        m.committed(&CommitReport {
+            segments: 1,
+            items: 1,
+            elapsed: Duration::from_millis(2),
+            committed: true,
+        });
+        let json = m.json(&Gauges::default());
+        assert_eq!(json["requests"]["total"], 0);
+        let text = String::from_utf8(m.prometheus_text(&Gauges::default()).unwrap()).unwrap();
+        assert!(text.contains("queen_commit_batch_items_count 0"), "{text}");
+    }
+}
