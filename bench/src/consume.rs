@@ -253,16 +253,13 @@ pub async fn pop_ack(
         Some(db) => Some(profile::begin(server, db, window.end).await?),
         None => None,
     };
-    let perf = profile::perf_window(
+    profile::sleep_through(
+        &window,
         params.perf_dir.as_deref(),
         &scenario.label(),
         round,
-        window.secs(),
-    )?;
-    tokio::time::sleep_until(window.end.into()).await;
-    if let Some(mut p) = perf {
-        p.wait().await?;
-    }
+    )
+    .await?;
     let c1 = Counters::read(server, &targets, true).await?;
     stop.store(true, Ordering::Relaxed);
     let profile = match collecting {
@@ -378,16 +375,13 @@ pub async fn end_to_end(
         Some(db) => Some(profile::begin(server, db, window.end).await?),
         None => None,
     };
-    let perf = profile::perf_window(
+    profile::sleep_through(
+        &window,
         params.perf_dir.as_deref(),
         &scenario.label(),
         round,
-        window.secs(),
-    )?;
-    tokio::time::sleep_until(window.end.into()).await;
-    if let Some(mut p) = perf {
-        p.wait().await?;
-    }
+    )
+    .await?;
     let c1 = Counters::read(server, &targets, true).await?;
     stop_producers.store(true, Ordering::Relaxed);
     let profile = match collecting {

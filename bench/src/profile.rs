@@ -291,36 +291,38 @@ pub fn text(p: &Profile) -> String {
     out
 }
 
-/// `perf record` of the whole machine for `secs`, written to `dir/<label>-r<round>.data`
-/// (`--perf`); `None` when no folder was asked for.
+/// Waits until the window ends; with `--perf` (`dir`), `perf record` samples the whole machine
+/// meanwhile into `dir/<label>-r<round>.data`.
 ///
 /// # Errors
 ///
-/// When `perf` cannot be started.
-pub fn perf_window(
+/// When `perf` cannot be started or its folder made.
+pub async fn sleep_through(
+    window: &crate::measure::Window,
     dir: Option<&std::path::Path>,
     label: &str,
     round: usize,
-    secs: f64,
-) -> Result<Option<tokio::process::Child>, BoxError> {
+) -> Result<(), BoxError> {
     let Some(dir) = dir else {
-        return Ok(None);
+        tokio::time::sleep_until(window.end.into()).await;
+        return Ok(());
     };
     std::fs::create_dir_all(dir)?;
     let name: String = label
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
         .collect();
-    let file = dir.join(format!("{name}-r{round}.data"));
-    let child = tokio::process::Command::new("perf")
+    let mut perf = tokio::process::Command::new("perf")
         .args(["record", "-a", "-g", "-F", "499", "-q", "-o"])
-        .arg(&file)
-        .args(["--", "sleep", &format!("{secs:.2}")])
+        .arg(dir.join(format!("{name}-r{round}.data")))
+        .args(["--", "sleep", &format!("{:.2}", window.secs())])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .map_err(|e| format!("perf record: {e}"))?;
-    Ok(Some(child))
+    tokio::time::sleep_until(window.end.into()).await;
+    perf.wait().await?;
+    Ok(())
 }
 
 #[cfg(test)]
