@@ -268,34 +268,32 @@ pub async fn detail(
 
 /// `DELETE /api/v1/messages/{partitionId}/{transactionId}`: always 200 with `success`.
 ///
-/// Messages live in immutable segments, several per row, and every broker caches segments on
-/// the promise that they never change, so one message cannot be taken out of one. The route
-/// finds the message and answers `success: false` saying so (and `Message not found` for an
-/// unknown one); removing messages is done by deleting the queue or by retention.
+/// Segments never change once committed (every broker caches them), so the message is not cut
+/// out of its segment: its offset is recorded as deleted (`storage::messages::delete`). From
+/// then on no pop hands it out, on any broker (the claim statements read the deleted offsets
+/// of the range they lease), and the message routes do not show it; a lease that already holds
+/// it keeps it. An unknown or already deleted message: `success: false`, `Message not found`.
 pub async fn delete(
     path: web::Path<(String, String)>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let (partition_id, transaction_id) = path.into_inner();
-    let found = match Uuid::parse_str(&partition_id) {
+    let deleted = match Uuid::parse_str(&partition_id) {
         Ok(partition) => {
             let mut conn = state.pool.acquire().await?;
-            messages::find(&mut conn, partition, &transaction_id).await?
+            messages::delete(&mut conn, partition, &transaction_id).await?
         }
         Err(_) => None,
     };
-    let message = match found {
-        None => "Message not found",
-        Some(_) => {
-            "messages are stored in immutable segments and cannot be deleted one by one; \
-             delete the queue, or let retention remove them"
-        }
-    };
+    if let Some(m) = &deleted {
+        tracing::info!(queue = %m.queue, partition = %m.partition, offset = m.offset,
+            message_id = %m.id, transaction_id = %m.transaction_id, "message deleted");
+    }
     Ok(HttpResponse::Ok().json(serde_json::json!({
-        "success": false,
+        "success": deleted.is_some(),
         "partitionId": partition_id,
         "transactionId": transaction_id,
-        "message": message,
+        "message": if deleted.is_some() { "Message deleted" } else { "Message not found" },
     })))
 }
 

@@ -89,6 +89,8 @@ pub struct Delivery {
     pub count: usize,
     /// The group's batch retry counter on this partition.
     pub retry_count: i32,
+    /// Offsets inside the range whose messages were deleted: not handed out.
+    pub deleted: Vec<i64>,
     segments: Vec<Arc<CachedSegment>>,
 }
 
@@ -104,7 +106,10 @@ impl Delivery {
         for seg in &self.segments {
             for (n, frame) in frames::decode(&seg.frames)?.into_iter().enumerate() {
                 let offset = seg.base_offset + n as i64;
-                if offset >= self.first_offset && offset < end {
+                if offset >= self.first_offset
+                    && offset < end
+                    && self.deleted.binary_search(&offset).is_err()
+                {
                     out.push(frame);
                 }
             }
@@ -357,6 +362,7 @@ async fn pop_ready(
             retry_count: head.batch_retry_count,
             next_offset: head.next_offset,
             recorded: true,
+            deleted: head.deleted.clone().unwrap_or_default(),
             segments: Vec::with_capacity(rows.len()),
         };
         for r in rows {
@@ -457,6 +463,11 @@ WITH target AS (
  RETURNING c.committed_offset, c.batch_retry_count, p.next_offset, c.leased_to
 )
 SELECT claim.committed_offset, claim.batch_retry_count, claim.next_offset,
+       (SELECT array_agg(d.msg_offset ORDER BY d.msg_offset)
+          FROM queen.deleted_messages d
+         WHERE d.partition_id = $1
+           AND d.msg_offset >= claim.committed_offset
+           AND d.msg_offset < claim.leased_to) AS deleted,
        s.base_offset, s.msg_count,
        CASE WHEN s.base_offset = ANY($7) THEN NULL ELSE s.frames END AS frames
   FROM claim
@@ -480,6 +491,7 @@ struct ClaimRow {
     committed_offset: i64,
     batch_retry_count: i32,
     next_offset: i64,
+    deleted: Option<Vec<i64>>,
     base_offset: Option<i64>,
     msg_count: Option<i32>,
     frames: Option<Vec<u8>>,
@@ -585,6 +597,11 @@ WITH q AS (
 SELECT q.id AS queue_id, q.lease_time, now() AS db_now,
        claim.partition_id, claim.uuid, claim.name, claim.committed_offset,
        claim.batch_retry_count, claim.next_offset,
+       (SELECT array_agg(d.msg_offset ORDER BY d.msg_offset)
+          FROM queen.deleted_messages d
+         WHERE d.partition_id = claim.partition_id
+           AND d.msg_offset >= claim.committed_offset
+           AND d.msg_offset < claim.leased_to) AS deleted,
        s.base_offset, s.msg_count,
        CASE WHEN EXISTS (SELECT 1
                            FROM unnest($6::int8[], $7::int8[]) AS h(pid, base)
@@ -618,6 +635,7 @@ struct ReadyRow {
     committed_offset: i64,
     batch_retry_count: i32,
     next_offset: i64,
+    deleted: Option<Vec<i64>>,
     base_offset: Option<i64>,
     msg_count: Option<i32>,
     frames: Option<Vec<u8>>,
@@ -635,6 +653,8 @@ struct Claimed {
     /// Whether the claim recorded the range `committed ..` as leased (a first-contact
     /// insert records none).
     recorded: bool,
+    /// Offsets of deleted messages in the claimed range, ascending.
+    deleted: Vec<i64>,
     segments: Vec<Arc<CachedSegment>>,
 }
 
@@ -856,13 +876,14 @@ impl Collect<'_, '_> {
             .fetch_all(&mut *conn)
             .await?;
         let claimed = !rows.is_empty();
-        let (committed, retry_count, next_offset, segments) = match rows.first() {
+        let (committed, retry_count, next_offset, segments, deleted) = match rows.first() {
             Some(first) => {
                 let head = (
                     first.committed_offset,
                     first.batch_retry_count,
                     first.next_offset,
                 );
+                let deleted = first.deleted.clone().unwrap_or_default();
                 let mut segments = Vec::with_capacity(rows.len());
                 for r in rows {
                     if let Some(base) = r.base_offset {
@@ -877,7 +898,7 @@ impl Collect<'_, '_> {
                         )?);
                     }
                 }
-                (head.0, head.1, head.2, segments)
+                (head.0, head.1, head.2, segments, deleted)
             }
             // The group already had a row here when the scan read it: the lease is held by
             // someone else (or being claimed right now).
@@ -912,7 +933,17 @@ impl Collect<'_, '_> {
                 let Some((committed, retry_count, next_offset)) = inserted else {
                     return Ok(Take::Lost);
                 };
-                (committed, retry_count, next_offset, Vec::new())
+                let deleted: Vec<i64> = sqlx::query_scalar(
+                    "SELECT msg_offset FROM queen.deleted_messages
+                      WHERE partition_id = $1 AND msg_offset >= $2 AND msg_offset < $3
+                      ORDER BY msg_offset",
+                )
+                .bind(row.id)
+                .bind(committed)
+                .bind(next_offset)
+                .fetch_all(&mut *conn)
+                .await?;
+                (committed, retry_count, next_offset, Vec::new(), deleted)
             }
         };
         self.deliver(
@@ -926,6 +957,7 @@ impl Collect<'_, '_> {
                 retry_count,
                 next_offset,
                 recorded: claimed,
+                deleted,
                 segments,
             },
         )
@@ -948,6 +980,7 @@ impl Collect<'_, '_> {
             retry_count,
             next_offset,
             recorded,
+            deleted,
             mut segments,
         } = claim;
         let group = self.req.group;
@@ -973,6 +1006,9 @@ impl Collect<'_, '_> {
         // Count what is deliverable: consecutive offsets from `first`, stopping at the first
         // message still inside its delay.
         let mut count = 0usize;
+        // The messages deleted one by one inside what is counted: a run of them at the start
+        // or the end is cut off the range, one in the middle is left out of the answer.
+        let mut shown: Option<(i64, i64)> = None;
         let mut visible_at: Option<DateTime<Utc>> = None;
         let delay_micros = i64::from(self.queue.delay_secs) * 1_000_000;
         let now_micros = db_now.timestamp_micros();
@@ -996,7 +1032,37 @@ impl Collect<'_, '_> {
                     break 'segments;
                 }
                 count += 1;
+                if deleted.binary_search(&offset).is_err() {
+                    shown = Some(shown.map_or((offset, offset), |(a, _)| (a, offset)));
+                }
             }
+        }
+        if count > 0 && shown.is_none() {
+            // Every counted message was deleted: the group moves past them (nobody may ack a
+            // message it was never handed), and the pop goes on elsewhere.
+            let end = first + count as i64;
+            sqlx::query(
+                "UPDATE queen.partition_consumers
+                    SET committed_offset = GREATEST(committed_offset, $4),
+                        lease_expires_at = NULL,
+                        attention_at = CASE
+                            WHEN $4 < (SELECT next_offset FROM queen.partitions WHERE id = $1)
+                                THEN now()
+                            ELSE NULL
+                        END
+                  WHERE partition_id = $1 AND consumer_group = $2 AND lease_id = $3",
+            )
+            .bind(partition_id)
+            .bind(group)
+            .bind(self.lease_id)
+            .bind(end)
+            .execute(&mut *conn)
+            .await?;
+            return Ok(Take::Empty);
+        }
+        if let Some((a, b)) = shown {
+            count = (b + 1 - a) as usize;
+            first = a;
         }
 
         if count == 0 {
@@ -1035,6 +1101,10 @@ impl Collect<'_, '_> {
             first_offset: first,
             count,
             retry_count,
+            deleted: deleted
+                .into_iter()
+                .filter(|o| *o >= first && *o < end)
+                .collect(),
             segments,
         });
         Ok(Take::Taken)

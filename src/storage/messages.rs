@@ -314,6 +314,18 @@ pub async fn list(
         }
     }
     page.messages.truncate(limit);
+    // Messages deleted one by one stay in their segments; the page leaves them out (so a page
+    // may come back shorter than `limit`).
+    let keys: Vec<(i64, i64)> = page
+        .messages
+        .iter()
+        .map(|l| (l.message.partition_id, l.message.offset))
+        .collect();
+    let gone = deleted(&mut *conn, &keys).await?;
+    if !gone.is_empty() {
+        page.messages
+            .retain(|l| !gone.contains(&(l.message.partition_id, l.message.offset)));
+    }
 
     let mut partitions: Vec<i64> = page
         .messages
@@ -428,6 +440,74 @@ pub async fn detail(
 ///
 /// Any database error; a segment that does not decode is a protocol error.
 pub async fn find(
+    conn: &mut PgConnection,
+    partition: Uuid,
+    transaction_id: &str,
+) -> Result<Option<StoredMessage>, StorageError> {
+    match find_stored(&mut *conn, partition, transaction_id).await? {
+        Some(m)
+            if deleted(&mut *conn, &[(m.partition_id, m.offset)])
+                .await?
+                .is_empty() =>
+        {
+            Ok(Some(m))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Deletes the message with `transaction_id` in the partition with public id `partition`:
+/// records its offset as deleted, so no pop hands it out from now on (a lease already holding
+/// it keeps it) and the message routes no longer show it. `None` when there is no such message
+/// (or it was deleted already).
+///
+/// # Errors
+///
+/// Any database error; a segment that does not decode is a protocol error.
+pub async fn delete(
+    conn: &mut PgConnection,
+    partition: Uuid,
+    transaction_id: &str,
+) -> Result<Option<StoredMessage>, StorageError> {
+    let Some(m) = find_stored(&mut *conn, partition, transaction_id).await? else {
+        return Ok(None);
+    };
+    let inserted = sqlx::query(
+        "INSERT INTO queen.deleted_messages (partition_id, msg_offset) VALUES ($1, $2)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(m.partition_id)
+    .bind(m.offset)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    Ok((inserted == 1).then_some(m))
+}
+
+/// Which of these (partition id, offset) pairs are deleted messages.
+async fn deleted(
+    conn: &mut PgConnection,
+    keys: &[(i64, i64)],
+) -> Result<std::collections::HashSet<(i64, i64)>, StorageError> {
+    if keys.is_empty() {
+        return Ok(Default::default());
+    }
+    let (pids, offsets): (Vec<i64>, Vec<i64>) = keys.iter().copied().unzip();
+    let rows: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT d.partition_id, d.msg_offset
+           FROM queen.deleted_messages d
+           JOIN unnest($1::int8[], $2::int8[]) AS k(pid, off)
+             ON d.partition_id = k.pid AND d.msg_offset = k.off",
+    )
+    .bind(&pids)
+    .bind(&offsets)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// [`find`], deleted messages included.
+async fn find_stored(
     conn: &mut PgConnection,
     partition: Uuid,
     transaction_id: &str,

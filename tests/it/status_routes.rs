@@ -269,23 +269,95 @@ async fn stats_refresh_accepts_an_empty_body_and_says_there_is_nothing_to_refres
 }
 
 #[actix_web::test]
-async fn deleting_one_message_is_refused_and_keeps_it() {
+async fn a_deleted_message_is_never_handed_out_nor_shown_and_its_neighbours_flow_on() {
     let db = fresh_db().await;
     let app = spawn_app(&db).await;
-    let m = one_message(&app, "kept", 1).await;
-    let pid = m["partitionId"].as_str().unwrap();
-    let r = app.delete(&format!("/api/v1/messages/{pid}/kept-0")).await;
-    assert_eq!(r.status, 200, "{:?}", r.body);
-    assert_eq!(r.body["success"], false);
-    assert_eq!(r.body["transactionId"], "kept-0");
-    assert!(r.body["message"]
-        .as_str()
-        .unwrap()
-        .contains("cannot be deleted"));
-    let r = app.delete(&format!("/api/v1/messages/{pid}/unknown")).await;
+    let items: Vec<Value> = (0..6)
+        .map(|i| {
+            json!({ "queue": "del", "partition": "p", "payload": { "n": i },
+                         "transactionId": format!("del-{i}") })
+        })
+        .collect();
+    assert_eq!(app.push(json!(items)).await.status, 201);
+    let pid: uuid::Uuid = {
+        let mut conn = db.conn().await;
+        sqlx::query_scalar("SELECT uuid FROM queen.partitions WHERE name = 'p'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap()
+    };
+    // The first, a middle and the last message.
+    for txn in ["del-0", "del-2", "del-5"] {
+        let r = app.delete(&format!("/api/v1/messages/{pid}/{txn}")).await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        assert_eq!(
+            (
+                &r.body["success"],
+                &r.body["message"],
+                &r.body["transactionId"]
+            ),
+            (&json!(true), &json!("Message deleted"), &json!(txn))
+        );
+    }
+    for txn in ["del-2", "unknown"] {
+        let r = app.delete(&format!("/api/v1/messages/{pid}/{txn}")).await;
+        assert_eq!(
+            (r.status, &r.body["success"], &r.body["message"]),
+            (200, &json!(false), &json!("Message not found"))
+        );
+    }
+    let r = app.delete("/api/v1/messages/not-a-uuid/del-1").await;
+    assert_eq!((r.status, &r.body["success"]), (200, &json!(false)));
+    // The message routes no longer show it.
     assert_eq!(
-        (r.status, &r.body["message"]),
-        (200, &json!("Message not found"))
+        app.get(&format!("/api/v1/messages/{pid}/del-2"))
+            .await
+            .status,
+        404
     );
-    assert_eq!(db.stored("kept", "Default").await.len(), 1);
+    assert_eq!(
+        app.get(&format!("/api/v1/messages/{pid}/del-1"))
+            .await
+            .status,
+        200
+    );
+    let listed = app.get("/api/v1/messages?queue=del&limit=10").await;
+    let mut txns: Vec<String> = listed.body["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| m["transactionId"].as_str().unwrap().to_string())
+        .collect();
+    txns.sort();
+    assert_eq!(txns, ["del-1", "del-3", "del-4"], "{:?}", listed.body);
+
+    // Queue mode and a consumer group each get exactly the others, and the group's cursor
+    // moves past the deleted tail.
+    for query in ["batch=10", "batch=10&consumerGroup=g"] {
+        let popped = pop(&app, "del", query).await;
+        let ns: Vec<i64> = messages(&popped)
+            .iter()
+            .map(|m| m["data"]["n"].as_i64().unwrap())
+            .collect();
+        assert_eq!(ns, [1, 3, 4], "{query}");
+        let group = query.contains("consumerGroup").then_some("g");
+        let acked = ack_all(&app, &popped, "completed", group).await;
+        assert!(
+            acked
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|a| a["success"] == true),
+            "{acked}"
+        );
+        assert_eq!(pop(&app, "del", query).await.status, 204, "{query}");
+    }
+    let mut conn = db.conn().await;
+    let committed: Vec<i64> = sqlx::query_scalar(
+        "SELECT committed_offset FROM queen.partition_consumers ORDER BY consumer_group",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(committed, [6, 6]);
 }

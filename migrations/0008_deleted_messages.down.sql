@@ -1,0 +1,1 @@
+DROP TABLE IF EXISTS queen.deleted_messages;
