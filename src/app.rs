@@ -244,6 +244,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         PartitionLimits {
             max_pending_items: settings.partition_max_pending,
             idle_after: settings.partition_idle,
+            max_actors: settings.partition_actors_max,
             ..PartitionLimits::default()
         },
         Some(spool.clone()),

@@ -197,6 +197,7 @@ variables! {
     QUEEN_SEGMENT_CACHE_BYTES, "queen_segment_cache_bytes", Value("8388608"), Bytes, "committed segments kept in memory for pops and acks (0 turns the cache off)";
     QUEEN_PARTITION_MAX_PENDING, "queen_partition_max_pending", Value("100000"), Count, "items waiting in one partition before 503";
     QUEEN_PARTITION_IDLE_MS, "queen_partition_idle_ms", Value("30000"), Millis, "an idle partition actor stops after this";
+    QUEEN_PARTITION_ACTORS_MAX, "queen_partition_actors_max", Value("10000"), Count, "live partition actors at most: beyond it the least recently used idle ones stop (bounds memory however many partitions are written; docs/operations.md)";
     FILE_BUFFER_DIR, "file_buffer_dir", Value("/var/lib/queen/buffers"), Path, "spool directory";
     QUEEN_REPLAY_TICK_MS, "queen_replay_tick_ms", Value("250"), Millis, "how often the spool replayer looks for work";
     QUEEN_REPLAY_BACKOFF_MS, "queen_replay_backoff_ms", Value("100"), Millis, "replay back-off base: after n failed rounds it waits base × 2^min(n, 4)";
@@ -498,6 +499,8 @@ pub struct Settings {
     pub partition_max_pending: usize,
     /// Idle time after which a partition actor stops.
     pub partition_idle: Duration,
+    /// Live partition actors at most (least recently used idle ones are evicted beyond it).
+    pub partition_actors_max: usize,
     /// Dedup sweep interval.
     pub dedup_sweep_every: Duration,
     /// Retention sweep interval.
@@ -921,6 +924,7 @@ impl Settings {
             admin_statement_timeout: src.duration(&QUEEN_ADMIN_STATEMENT_TIMEOUT_MS)?,
             partition_max_pending: src.count(&QUEEN_PARTITION_MAX_PENDING)? as usize,
             partition_idle: src.duration(&QUEEN_PARTITION_IDLE_MS)?,
+            partition_actors_max: src.count(&QUEEN_PARTITION_ACTORS_MAX)? as usize,
             dedup_sweep_every: src.duration(&QUEEN_DEDUP_SWEEP_MS)?,
             retention_every: src.duration(&RETENTION_INTERVAL)?,
             retention_batch: src.count(&RETENTION_BATCH_SIZE)? as i64,

@@ -6,12 +6,14 @@
 //! state: a commit runs as a spawned future whose completion handler flushes again.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use crate::committer::{CommitFailure, CommitterPool, SegmentReady};
+use crate::committer::{CommitFailure, SegmentReady};
 use crate::error::{PushError, StoreError};
 use crate::message::{Item, PartitionKey, Verdict};
 use crate::registry::Registry;
@@ -28,6 +30,10 @@ pub struct PartitionLimits {
     pub max_segment_items: usize,
     /// An actor with nothing to do for this long stops.
     pub idle_after: Duration,
+    /// Live partition actors at most: creating one more first evicts the least recently used
+    /// idle ones (an actor with a write pending or in flight is never evicted, so a burst over
+    /// that many busy partitions may exceed it until their writes settle).
+    pub max_actors: usize,
 }
 
 impl Default for PartitionLimits {
@@ -36,6 +42,7 @@ impl Default for PartitionLimits {
             max_pending_items: 100_000,
             max_segment_items: 10_000,
             idle_after: Duration::from_secs(30),
+            max_actors: 10_000,
         }
     }
 }
@@ -68,43 +75,53 @@ struct Waiting {
 }
 
 /// The actor owning one partition's write; see the module docs.
+///
+/// Kept small on purpose (one lives per recently written partition): what every actor shares
+/// (committers, limits, spool) is reached through the registry handle, not copied.
 pub struct PartitionActor {
     key: PartitionKey,
     partition_id: Option<i64>,
-    committers: CommitterPool,
     registry: Registry,
-    limits: PartitionLimits,
-    spool: Option<SpoolHandle>,
+    /// The registry entry's work counter: pushes on their way here, plus one while this actor
+    /// has a write pending or in flight (`holding`). Zero means the registry may evict it.
+    work: Arc<AtomicUsize>,
     pending: VecDeque<Waiting>,
     pending_items: usize,
     in_flight: bool,
+    holding: bool,
     closing: bool,
+    /// Removed from the registry while busy (only possible for a push sent straight to the
+    /// address): stop once the write settles.
+    evicted: bool,
     last_active: Instant,
 }
 
 impl PartitionActor {
-    /// Creates the actor for `key`; it writes through `committers`, and spools through `spool`
-    /// when a commit fails (without a spool, a failed commit is an error for the producer).
-    pub fn new(
-        key: PartitionKey,
-        committers: CommitterPool,
-        registry: Registry,
-        limits: PartitionLimits,
-        spool: Option<SpoolHandle>,
-    ) -> Self {
+    /// Creates the actor for `key`; it writes through the registry's committers, and spools
+    /// through its spool when a commit fails (without a spool, a failed commit is an error for
+    /// the producer). `work` is the registry entry's counter (see [`Registry`]).
+    pub fn new(key: PartitionKey, registry: Registry, work: Arc<AtomicUsize>) -> Self {
         Self {
             key,
             partition_id: None,
-            committers,
             registry,
-            limits,
-            spool,
+            work,
             pending: VecDeque::new(),
             pending_items: 0,
             in_flight: false,
+            holding: false,
             closing: false,
+            evicted: false,
             last_active: Instant::now(),
         }
+    }
+
+    fn limits(&self) -> &PartitionLimits {
+        self.registry.limits()
+    }
+
+    fn spool(&self) -> Option<&SpoolHandle> {
+        self.registry.spool()
     }
 
     /// Sends everything waiting (up to the segment limit) as the next segment: to a committer,
@@ -117,7 +134,7 @@ impl PartitionActor {
         let mut items: Vec<Item> = Vec::new();
         while let Some(front) = self.pending.front() {
             let fits = items.is_empty()
-                || items.len() + front.items.len() <= self.limits.max_segment_items;
+                || items.len() + front.items.len() <= self.limits().max_segment_items;
             if !fits {
                 break;
             }
@@ -128,7 +145,7 @@ impl PartitionActor {
         self.pending_items -= items.len();
         self.in_flight = true;
 
-        if let Some(spool) = &self.spool {
+        if let Some(spool) = self.spool() {
             let force = spool.state.maintenance();
             if spool
                 .state
@@ -140,7 +157,7 @@ impl PartitionActor {
         }
 
         let (reply, result) = oneshot::channel();
-        self.committers.submit(SegmentReady {
+        self.registry.committers().submit(SegmentReady {
             write: SegmentWrite {
                 key: self.key.clone(),
                 partition_id: self.partition_id,
@@ -158,7 +175,7 @@ impl PartitionActor {
         };
         ctx.spawn(settled.into_actor(self).map(move |result, act, ctx| match result {
             Ok(outcome) => {
-                if let Some(spool) = &act.spool {
+                if let Some(spool) = act.spool() {
                     spool.state.mark_db_up();
                 }
                 act.partition_id = Some(outcome.partition_id);
@@ -174,7 +191,7 @@ impl PartitionActor {
                 tracing::warn!(partition = %act.key, error = %failure.error, "segment commit failed");
                 // The partition may have been deleted and recreated: look its id up again.
                 act.partition_id = None;
-                match &act.spool {
+                match act.spool() {
                     Some(spool) if !failure.items.is_empty() => {
                         if matches!(failure.error, StoreError::Unavailable(_)) {
                             spool.state.mark_db_down();
@@ -203,7 +220,7 @@ impl PartitionActor {
         groups: Vec<(usize, oneshot::Sender<GroupResult>)>,
         ctx: &mut Context<Self>,
     ) {
-        let spool = self.spool.clone().expect("only called with a spool");
+        let spool = self.spool().cloned().expect("only called with a spool");
         let mut first: std::collections::HashMap<String, uuid::Uuid> =
             std::collections::HashMap::new();
         let mut repeats: Vec<Option<Verdict>> = Vec::with_capacity(items.len());
@@ -250,6 +267,33 @@ impl PartitionActor {
         self.in_flight = false;
         self.last_active = Instant::now();
         self.flush(ctx);
+        if !self.in_flight && self.pending.is_empty() {
+            self.release_hold();
+            if self.evicted {
+                self.closing = true;
+                ctx.stop();
+            }
+        }
+    }
+
+    /// Counts this actor's pending work in its registry entry (once), so it is not evicted.
+    fn hold(&mut self) {
+        if !self.holding {
+            self.work.fetch_add(1, Ordering::AcqRel);
+            self.holding = true;
+        }
+    }
+
+    /// Nothing pending or in flight any more: the registry may evict this actor.
+    fn release_hold(&mut self) {
+        if self.holding {
+            self.work.fetch_sub(1, Ordering::AcqRel);
+            self.holding = false;
+        }
+    }
+
+    fn idle(&self) -> bool {
+        !self.in_flight && self.pending.is_empty()
     }
 }
 
@@ -261,7 +305,28 @@ impl Actor for PartitionActor {
     }
 }
 
-/// Sent by the registry's sweeper: stop if idle for the configured time.
+/// Sent by the registry after it removed this actor (idle too long, or the least recently used
+/// one when the registry is full): stop now, or once the write in flight settles.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Evict;
+
+impl Handler<Evict> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Evict, ctx: &mut Context<Self>) {
+        // The registry no longer names us, so no new push can find us through it; one sent
+        // straight to the address is refused with `Closing` and retried on a fresh actor.
+        if self.idle() {
+            self.closing = true;
+            ctx.stop();
+        } else {
+            self.evicted = true;
+        }
+    }
+}
+
+/// Sent by tests (and formerly the registry's sweeper): stop if idle for the configured time.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct IdleCheck;
@@ -270,9 +335,7 @@ impl Handler<IdleCheck> for PartitionActor {
     type Result = ();
 
     fn handle(&mut self, _: IdleCheck, ctx: &mut Context<Self>) {
-        let idle = !self.in_flight
-            && self.pending.is_empty()
-            && self.last_active.elapsed() >= self.limits.idle_after;
+        let idle = self.idle() && self.last_active.elapsed() >= self.limits().idle_after;
         // Leave the registry first, and only when no push is on its way here (a stopped
         // actor's queued messages are dropped); a push sent straight to our address after that
         // is refused with `Closing` and retried on a fresh actor.
@@ -291,10 +354,13 @@ impl Handler<Push> for PartitionActor {
             return Err(Refused::Closing(push));
         }
         if self.pending_items > 0
-            && self.pending_items + push.items.len() > self.limits.max_pending_items
+            && self.pending_items + push.items.len() > self.limits().max_pending_items
         {
             return Err(Refused::Overloaded(push));
         }
+        // Taken before the push's own in-transit count is dropped (the sender still holds it
+        // while this handler runs), so the entry's counter never reads 0 with work here.
+        self.hold();
         self.last_active = Instant::now();
         self.pending_items += push.items.len();
         self.pending.push_back(Waiting {

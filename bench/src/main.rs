@@ -10,14 +10,18 @@
 //!
 //! Two more suites use the same machinery: `spool` (push while PostgreSQL is down, then the
 //! replay's drain rate) and `consume` (pop+ack on a filled queue, and producers with consumers
-//! together, with end-to-end latency).
+//! together, with end-to-end latency). Two scaling suites run when asked: `scale` (push over up
+//! to a million partitions against 100, with the broker's peak RSS) and `brokers` (1, 2, 3
+//! broker processes on one database, push and end-to-end).
 //!
-//! Modules, imports pointing down only: `main` (options, plan, rounds) → `report` → `runner`
-//! (one measurement: fresh database, dispatch) → the suites `push`, `spool`, `consume` →
+//! Modules, imports pointing down only: `main` (options, plan, rounds) → `scaling` (the scaling
+//! suites' tables) → `report` → `runner` (one measurement: fresh database, dispatch) → the
+//! suites `push`, `spool`, `consume`, `brokers` →
 //! `measurement` (what a measurement produced) and `scenario` (what is measured) → `profile`,
 //! `db`, `traffic`, `load`, `broker` → `measure`, `http`, `data`.
 
 mod broker;
+mod brokers;
 mod consume;
 mod data;
 mod db;
@@ -29,6 +33,7 @@ mod profile;
 mod push;
 mod report;
 mod runner;
+mod scaling;
 mod scenario;
 mod spool;
 mod traffic;
@@ -66,7 +71,10 @@ struct Args {
     /// with dedup on (unless --dedup off); consume adds the push-only scenario (batch 100) it is
     /// compared with when the push suite does not measure it. encryption (not run by default)
     /// measures push and pop+ack on a queue with `encryptionEnabled` next to the same on a
-    /// plain queue (batch 100 each).
+    /// plain queue (batch 100 each). scale (not run by default): push batch 100 over each of
+    /// --scale-partitions, msg/s against 100 partitions and the broker's peak RSS. brokers (not
+    /// run by default): 1, 2, 3 (--brokers) broker processes on one database, push batch 100
+    /// and end-to-end, with commit sizes and PostgreSQL CPU.
     #[arg(
         long,
         value_delimiter = ',',
@@ -155,6 +163,25 @@ struct Args {
     /// (`perf report -i FILE --sort comm,dso`).
     #[arg(long, value_name = "DIR")]
     perf: Option<PathBuf>,
+    /// Partition counts of the scale suite (100 is always added: the others are compared
+    /// with it). Each partition is written once before the window (priming), so the broker's
+    /// peak RSS covers that many partitions; its actors are bounded by
+    /// QUEEN_PARTITION_ACTORS_MAX (pass --broker-env to change it).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "LIST",
+        default_value = "100,10000,1000000"
+    )]
+    scale_partitions: Vec<u64>,
+    /// Broker counts of the brokers suite.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "LIST",
+        default_value = "1,2,3"
+    )]
+    brokers: Vec<usize>,
     /// Print how long each setup step takes.
     #[arg(short, long)]
     verbose: bool,
@@ -198,6 +225,8 @@ struct Options {
     paced: Vec<u32>,
     wakeups: usize,
     perf: Option<PathBuf>,
+    scale_partitions: Vec<u64>,
+    brokers: Vec<usize>,
 }
 
 /// The parts of the bench.
@@ -208,6 +237,10 @@ enum Suite {
     Consume,
     /// Push and pop+ack on an encrypted queue against a plain one.
     Encryption,
+    /// Push over many partitions against 100, with the broker's peak RSS.
+    Scale,
+    /// 1, 2, 3 brokers on one database.
+    Brokers,
 }
 
 impl Options {
@@ -249,6 +282,19 @@ impl Options {
             paced: a.paced,
             wakeups: a.wakeups,
             perf: a.perf.clone(),
+            scale_partitions: {
+                let mut p = a.scale_partitions.clone();
+                p.push(100);
+                p.sort_unstable();
+                p.dedup();
+                p
+            },
+            brokers: {
+                let mut b = a.brokers.clone();
+                b.sort_unstable();
+                b.dedup();
+                b
+            },
         };
         if o.rounds == 0
             || o.connections == 0
@@ -271,8 +317,11 @@ impl Options {
         if o.paced.iter().any(|p| *p == 0 || *p > 1000) {
             return Err("--paced: percentages from 1 to 1000".into());
         }
-        if o.batches.contains(&0) || o.partitions.contains(&0) {
+        if o.batches.contains(&0) || o.partitions.contains(&0) || o.scale_partitions.contains(&0) {
             return Err("batches and partitions must be positive".into());
+        }
+        if o.brokers.is_empty() || o.brokers.contains(&0) {
+            return Err("--brokers: broker counts from 1".into());
         }
         Ok(o)
     }
@@ -323,6 +372,33 @@ fn plan(o: &Options, can_stop_postgres: bool) -> Vec<Scenario> {
             };
             if !out.contains(&s) {
                 out.push(s);
+            }
+        }
+    }
+    if o.suites.contains(&Suite::Scale) {
+        let dedup = o.dedup[0];
+        for &p in &o.scale_partitions {
+            let s = Scenario {
+                kind: Kind::Broker { batch: 100 },
+                partitions: p,
+                dedup,
+            };
+            if !out.contains(&s) {
+                out.push(s);
+            }
+        }
+    }
+    if o.suites.contains(&Suite::Brokers) {
+        for end_to_end in [false, true] {
+            for &brokers in &o.brokers {
+                out.push(Scenario {
+                    kind: Kind::Brokers {
+                        brokers,
+                        end_to_end,
+                    },
+                    partitions,
+                    dedup,
+                });
             }
         }
     }
@@ -617,6 +693,20 @@ async fn run_on(
         println!("Encryption (encrypted queue against a plain one, same run):");
         println!("{}", report::encryption_table(&encryption_rows));
     }
+    let scale_rows = if o.suites.contains(&Suite::Scale) {
+        scaling::scale_rows(&results, &o.scale_partitions, 100, o.dedup[0])
+    } else {
+        Vec::new()
+    };
+    if !scale_rows.is_empty() {
+        println!("Partitions at scale (push batch 100, every partition primed once; ratios against 100 partitions in the same round):");
+        println!("{}", scaling::scale_table(&scale_rows));
+    }
+    let brokers_rows = scaling::brokers_rows(&results);
+    if !brokers_rows.is_empty() {
+        println!("Several brokers on one database (ratios against 1 broker in the same round):");
+        println!("{}", scaling::brokers_table(&brokers_rows));
+    }
     println!("Targets (medians of per-round ratios, same run):");
     println!("{}", report::targets_text(&targets));
     if let Some(path) = &o.json {
@@ -641,6 +731,8 @@ async fn run_on(
             "consuming": consume_rows,
             "wakeup": wakeup_rows,
             "encryption": encryption_rows,
+            "scale": scale_rows,
+            "brokers": brokers_rows,
             "targets": targets,
             "measurements": results.all,
         });
@@ -804,6 +896,53 @@ mod tests {
             (explicit.partitions, explicit.batches),
             (vec![1, 100], vec![10])
         );
+    }
+
+    #[test]
+    fn the_scaling_suites_plan_partition_counts_against_100_and_broker_counts() {
+        let o = parse(&[
+            "--suites",
+            "scale,brokers",
+            "--scale-partitions",
+            "1000000,10000",
+        ])
+        .expect("parses");
+        let p = plan(&o, true);
+        let scale: Vec<u64> = p
+            .iter()
+            .filter(|s| s.kind == Kind::Broker { batch: 100 })
+            .map(|s| s.partitions)
+            .collect();
+        assert_eq!(
+            scale,
+            vec![100, 10_000, 1_000_000],
+            "100 is added, in order"
+        );
+        let brokers: Vec<(usize, bool)> = p
+            .iter()
+            .filter_map(|s| match s.kind {
+                Kind::Brokers {
+                    brokers,
+                    end_to_end,
+                } => Some((brokers, end_to_end)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            brokers,
+            vec![
+                (1, false),
+                (2, false),
+                (3, false),
+                (1, true),
+                (2, true),
+                (3, true)
+            ]
+        );
+        assert!(parse(&["--brokers", "0"]).is_err());
+        assert!(!plan(&parse(&[]).expect("defaults"), true)
+            .iter()
+            .any(|s| matches!(s.kind, Kind::Brokers { .. })));
     }
 
     #[test]

@@ -204,10 +204,18 @@ pub fn clock_ticks_per_sec() -> f64 {
 
 /// The broker's peak resident set (VmHWM) in bytes.
 pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmHWM:").map(|kb| kb * 1024)
+}
+
+/// The broker's resident set now (VmRSS) in bytes.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmRSS:").map(|kb| kb * 1024)
+}
+
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = text.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    let line = text.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// CPU counters at one instant.

@@ -60,6 +60,8 @@ pub enum Detail {
     Consume(ConsumeDetail),
     /// [`crate::scenario::Kind::Wakeup`].
     Wakeup(WakeupDetail),
+    /// [`crate::scenario::Kind::Brokers`].
+    Brokers(BrokersDetail),
 }
 
 /// After the producers stop, the longest drain that still counts as "kept up".
@@ -201,6 +203,42 @@ pub struct ConsumeDetail {
     pub live_leases: i64,
     /// Every consumed message checked against its push's verdict.
     pub check: traffic::Check,
+}
+
+/// What a several-brokers measurement found besides the common fields.
+#[derive(Clone, Debug, Serialize)]
+pub struct BrokersDetail {
+    /// Broker processes.
+    pub brokers: usize,
+    /// Producers and consumers together (else push only).
+    pub end_to_end: bool,
+    /// Messages answered `queued` per second in the window, per broker.
+    pub pushed_per_broker: Vec<f64>,
+    /// Messages answered `queued` per second in the window, all brokers.
+    pub pushed_msgs_per_sec: f64,
+    /// Messages acked per second in the window (end-to-end).
+    pub consumed_msgs_per_sec: Option<f64>,
+    /// Push commits (transactions of the brokers' committers) per second in the window.
+    pub commits_per_sec: f64,
+    /// Items per push commit.
+    pub items_per_commit: f64,
+    /// Segments (partitions) per push commit.
+    pub segments_per_commit: f64,
+    /// Cores used by PostgreSQL per 100 k messages pushed (its CPU-seconds per 100 k).
+    pub pg_cpu_per_100k_msgs: f64,
+    /// Highest peak RSS of the brokers, MiB.
+    pub max_broker_rss_mib: Option<f64>,
+    /// Every message checked against its push's verdict (stored for push; consumed for
+    /// end-to-end).
+    pub check: traffic::Check,
+    /// Messages consumed out of their producer's order within a partition (end-to-end).
+    pub order_violations: u64,
+    /// Seconds the consumers took to drain after the producers stopped (end-to-end).
+    pub drain_secs: f64,
+    /// Messages per pop that returned messages, in the window (end-to-end).
+    pub msgs_per_pop: f64,
+    /// Pops answered 204 (nothing to hand out) per second in the window (end-to-end).
+    pub empty_pops_per_sec: f64,
 }
 
 /// CPU counters (and, when PostgreSQL is up, the WAL position) at one instant.

@@ -160,6 +160,14 @@ pub async fn run(
             let t = Instant::now();
             let primed = load::prime(broker.port, scenario.partitions, params.connections).await?;
             trace(params, "prime", t);
+            if params.verbose {
+                let mib = |b: Option<u64>| b.map_or(f64::NAN, |b| b as f64 / 1_048_576.0);
+                eprintln!(
+                    "      broker after priming: RSS {:.1} MiB, peak {:.1} MiB",
+                    mib(crate::measure::rss_bytes(broker.pid())),
+                    mib(crate::measure::peak_rss_bytes(broker.pid()))
+                );
+            }
             let t = Instant::now();
             server.checkpoint().await?;
             trace(params, "checkpoint", t);
@@ -295,6 +303,7 @@ pub async fn run(
         | Kind::PopAck { .. }
         | Kind::EncryptedPopAck { .. }
         | Kind::EndToEnd { .. }
+        | Kind::Brokers { .. }
         | Kind::Wakeup => {
             conn.close().await?;
             return Err(format!("{} is not a push scenario", scenario.label()).into());

@@ -351,7 +351,7 @@ fn cores(c: &CpuUse) -> String {
     )
 }
 
-fn num(v: f64, digits: usize) -> String {
+pub(crate) fn num(v: f64, digits: usize) -> String {
     if v.is_finite() {
         format!("{v:.digits$}")
     } else {
@@ -573,6 +573,7 @@ impl Results {
             | Kind::EncryptedPush { .. }
             | Kind::EncryptedPopAck { .. }
             | Kind::EndToEnd { .. }
+            | Kind::Brokers { .. }
             | Kind::Wakeup => (None, None, None, None),
         };
         Row {
@@ -1127,7 +1128,7 @@ pub struct Target {
     pub note: String,
 }
 
-fn opt(v: Option<f64>, digits: usize) -> String {
+pub(crate) fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("-".into(), |x| format!("{x:.digits$}"))
 }
 
@@ -1143,7 +1144,7 @@ fn vs(v: Option<Versus>) -> String {
     }
 }
 
-fn kilo(v: f64) -> String {
+pub(crate) fn kilo(v: f64) -> String {
     if !v.is_finite() {
         "-".into()
     } else if v >= 10_000.0 {
@@ -1447,6 +1448,27 @@ pub fn detail_line(m: &Measurement) -> Option<String> {
             num(d.wake_ms.p99, 1),
             num(d.wake_ms.max, 1),
             num(d.push_ms.p50, 1)
+        )),
+        Some(Detail::Brokers(d)) => Some(format!(
+            "{} broker(s): pushed {} msg/s (per broker {}){}; {:.0} commits/s of {:.0} items in {:.1} segments; PostgreSQL {:.2} core-s per 100k msgs; {} acknowledged: {} lost, {} twice, {} out of order",
+            d.brokers,
+            kilo(d.pushed_msgs_per_sec),
+            d.pushed_per_broker.iter().map(|r| kilo(*r)).collect::<Vec<_>>().join("/"),
+            d.consumed_msgs_per_sec.map_or(String::new(), |c| format!(
+                ", consumed {} msg/s ({:.1} msg/pop, {:.0} empty pops/s), drained in {:.1} s",
+                kilo(c),
+                d.msgs_per_pop,
+                d.empty_pops_per_sec,
+                d.drain_secs
+            )),
+            d.commits_per_sec,
+            d.items_per_commit,
+            d.segments_per_commit,
+            d.pg_cpu_per_100k_msgs,
+            d.check.acknowledged,
+            d.check.lost,
+            d.check.duplicates,
+            d.order_violations
         )),
         None => None,
     }

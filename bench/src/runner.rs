@@ -8,7 +8,7 @@ use crate::db::Server;
 use crate::measurement::Measurement;
 use crate::scenario::{trace, Kind, Params, Scenario};
 use crate::BoxError;
-use crate::{consume, push, spool};
+use crate::{brokers, consume, push, spool};
 
 /// Measures one scenario once.
 ///
@@ -45,6 +45,10 @@ async fn run_in(
     let profiled = params.profile.then_some(name);
     match scenario.kind {
         Kind::Spool { batch } => spool::run(server, params, scenario, round, url, batch).await,
+        Kind::Brokers {
+            brokers,
+            end_to_end,
+        } => brokers::run(server, params, scenario, round, url, brokers, end_to_end).await,
         Kind::PopAck { batch } | Kind::EncryptedPopAck { batch } => {
             let run = consume::Run {
                 scenario,

@@ -54,6 +54,14 @@ pub enum Kind {
         /// Messages per pop.
         batch: usize,
     },
+    /// Several broker processes on one database, the load spread over them
+    /// (`crate::brokers`): push only, or producers and consumers together.
+    Brokers {
+        /// Broker processes.
+        brokers: usize,
+        /// Producers and consumers together (else push only).
+        end_to_end: bool,
+    },
     /// Long-poll wake-up: one consumer waits (`wait=true`) on the empty queue, one message is
     /// pushed; push answered → pop answered, [`Params::wakeups`] times.
     Wakeup,
@@ -132,6 +140,14 @@ impl Scenario {
                 "end-to-end, producers paced at {pace_pct}% of push-only, push batch {batch}, P={p}, dedup {d}"
             ),
             Kind::Wakeup => format!("long-poll wake-up, P={p}, dedup {d}"),
+            Kind::Brokers {
+                brokers,
+                end_to_end: false,
+            } => format!("{brokers} broker(s), push batch 100, P={p}, dedup {d}"),
+            Kind::Brokers {
+                brokers,
+                end_to_end: true,
+            } => format!("{brokers} broker(s), end-to-end push+pop+ack, P={p}, dedup {d}"),
             Kind::EncryptedPush { batch } => {
                 format!("broker, encrypted queue, batch {batch}, P={p}, dedup {d}")
             }

@@ -98,6 +98,8 @@ pub struct Request {
     pub buffered: u32,
     /// Items with any other verdict, or of a failed request.
     pub other: u32,
+    /// The partition written (its number, see [`crate::data::partition_name`]).
+    pub partition: u32,
 }
 
 /// Everything one producer connection did. Request `k` carried items `k*batch .. (k+1)*batch`.
@@ -126,13 +128,34 @@ pub fn producers(
     stop: Arc<AtomicBool>,
     pace: Option<f64>,
 ) -> Vec<JoinHandle<ProducerLog>> {
-    producers_limited(port, connections, batch, partitions, tag, stop, None, pace)
+    producers_limited(
+        &[port],
+        connections,
+        batch,
+        partitions,
+        tag,
+        stop,
+        None,
+        pace,
+    )
+}
+
+/// [`producers`] spread over several brokers: producer `c` talks to `ports[c % ports.len()]`.
+pub fn producers_spread(
+    ports: &[u16],
+    connections: usize,
+    batch: usize,
+    partitions: u64,
+    tag: u64,
+    stop: Arc<AtomicBool>,
+) -> Vec<JoinHandle<ProducerLog>> {
+    producers_limited(ports, connections, batch, partitions, tag, stop, None, None)
 }
 
 /// [`producers`] that also stop once `requests` (shared) runs out.
 #[allow(clippy::too_many_arguments)]
 fn producers_limited(
-    port: u16,
+    ports: &[u16],
     connections: usize,
     batch: usize,
     partitions: u64,
@@ -150,6 +173,7 @@ fn producers_limited(
             let names = names.clone();
             let stop = stop.clone();
             let requests = requests.clone();
+            let port = ports[c % ports.len()];
             tokio::spawn(async move {
                 let mut log = ProducerLog::default();
                 let mut conn = HttpConn::new(port);
@@ -175,7 +199,8 @@ fn producers_limited(
                             break;
                         }
                     }
-                    let partition = &names[rng.below(names.len() as u64) as usize];
+                    let drawn = rng.below(names.len() as u64) as usize;
+                    let partition = &names[drawn];
                     data::push_body(&mut body, partition, batch, (tag, c), &mut seq, &mut rng);
                     let sent = Instant::now();
                     let answer = conn.request("POST", "/api/v1/push", body.as_bytes()).await;
@@ -206,6 +231,7 @@ fn producers_limited(
                         queued,
                         buffered,
                         other: batch as u32 - queued - buffered,
+                        partition: drawn as u32,
                     });
                     log.verdicts.extend(got);
                     if failed {
@@ -231,7 +257,7 @@ pub async fn fill(
     let stop = Arc::new(AtomicBool::new(false));
     let requests = Arc::new(AtomicU64::new(total.div_ceil(batch as u64)));
     let workers = producers_limited(
-        port,
+        &[port],
         connections,
         batch,
         partitions,
@@ -339,6 +365,19 @@ pub fn consumers(
     stop: Arc<AtomicBool>,
     consumed: Arc<AtomicU64>,
 ) -> Vec<JoinHandle<ConsumerLog>> {
+    consumers_spread(&[port], n, batch, wait, tag, stop, consumed)
+}
+
+/// [`consumers`] spread over several brokers: consumer `k` talks to `ports[k % ports.len()]`.
+pub fn consumers_spread(
+    ports: &[u16],
+    n: usize,
+    batch: usize,
+    wait: bool,
+    tag: u64,
+    stop: Arc<AtomicBool>,
+    consumed: Arc<AtomicU64>,
+) -> Vec<JoinHandle<ConsumerLog>> {
     let path = if wait {
         format!(
             "/api/v1/pop/queue/{}?batch={batch}&wait=true&timeout=1000",
@@ -348,8 +387,9 @@ pub fn consumers(
         format!("/api/v1/pop/queue/{}?batch={batch}&wait=false", data::QUEUE)
     };
     (0..n)
-        .map(|_| {
+        .map(|k| {
             let (path, stop, consumed) = (path.clone(), stop.clone(), consumed.clone());
+            let port = ports[k % ports.len()];
             tokio::spawn(async move {
                 let mut log = ConsumerLog::default();
                 let mut conn = HttpConn::new(port);

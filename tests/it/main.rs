@@ -37,6 +37,7 @@ mod push_backpressure;
 mod push_concurrency;
 mod push_contract;
 mod push_dedup;
+mod push_eviction;
 mod queue_limits;
 mod resource_limits;
 mod resources_routes;
