@@ -41,6 +41,10 @@ const MAX_HINTS: usize = 64;
 /// How often one broker moves one group's scan watermark at most.
 pub const WATERMARK_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// How often one broker runs the full queue-level pop for one (queue, group) instead of the
+/// one-statement pop, at most (so partitions the group never touched are found under load).
+pub const FULL_SCAN_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Leases remembered at most (oldest forgotten first).
 const MAX_LEASES: usize = 16_384;
 
@@ -82,6 +86,8 @@ pub struct SegmentCache {
     running: Arc<Mutex<HashMap<(i64, String), usize>>>,
     /// When this broker last moved each (queue id, group)'s scan watermark.
     watermarks: Mutex<HashMap<(i64, String), std::time::Instant>>,
+    /// When this broker last ran the full pop of each (queue name, group).
+    full_scans: Mutex<HashMap<(String, String), std::time::Instant>>,
     inner: Mutex<Inner>,
     leases: Mutex<Leases>,
 }
@@ -93,6 +99,7 @@ impl SegmentCache {
             capacity,
             running: Arc::default(),
             watermarks: Mutex::new(HashMap::new()),
+            full_scans: Mutex::new(HashMap::new()),
             inner: Mutex::new(Inner::default()),
             leases: Mutex::new(Leases::default()),
         }
@@ -277,6 +284,25 @@ impl SegmentCache {
                 true
             }
         }
+    }
+
+    /// Whether this queue-level pop of `(queue, group)` should run the full pop: at most once
+    /// per [`FULL_SCAN_EVERY`] per broker, the first time included. Saying yes records it.
+    pub fn full_scan_due(&self, queue: &str, group: &str) -> bool {
+        let now = std::time::Instant::now();
+        let mut scans = self.full_scans.lock().expect("full scan lock poisoned");
+        if let Some(at) = scans.get_mut(&(queue.to_string(), group.to_string())) {
+            if now.duration_since(*at) < FULL_SCAN_EVERY {
+                return false;
+            }
+            *at = now;
+            return true;
+        }
+        if scans.len() >= MAX_LEASES {
+            scans.clear();
+        }
+        scans.insert((queue.to_string(), group.to_string()), now);
+        true
     }
 
     /// Bytes held (frames plus bookkeeping).

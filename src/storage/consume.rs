@@ -193,7 +193,12 @@ pub async fn pop(
     conn: &mut PgConnection,
     req: &PopRequest<'_>,
 ) -> Result<Option<Popped>, StorageError> {
-    if req.partition.is_none() {
+    // The one-statement pop claims only partitions the group already has a row for, and under
+    // load it always finds one, so a partition the group never touched would wait for a quiet
+    // moment. A few times a second per broker and group the full pop runs instead, looking at
+    // the written partitions first and at untouched ones before the others.
+    let written_first = req.partition.is_none() && req.cache.full_scan_due(req.queue, req.group);
+    if req.partition.is_none() && !written_first {
         if let Some(popped) = pop_ready(conn, req).await? {
             return Ok(Some(popped));
         }
@@ -201,7 +206,7 @@ pub async fn pop(
     let Some((queue, sub)) = open(conn, req.queue, req.group, &req.start).await? else {
         return Ok(None);
     };
-    pop_from(conn, req, &queue, &sub).await
+    pop_from(conn, req, &queue, &sub, written_first).await
 }
 
 /// Pops from the queues whose namespace and/or task match (either `None` = any), highest
@@ -245,6 +250,7 @@ async fn pop_from(
     req: &PopRequest<'_>,
     queue: &QueueInfo,
     sub: &Subscription,
+    written_first: bool,
 ) -> Result<Option<Popped>, StorageError> {
     let lease_id = Uuid::now_v7();
     let mut pop = Collect {
@@ -274,7 +280,7 @@ async fn pop_from(
                 }
             }
         }
-        None => pop.scan_queue(conn).await?,
+        None => pop.scan_queue(conn, written_first).await?,
     }
     if pop.deliveries.is_empty() {
         return Ok(None);
@@ -707,8 +713,30 @@ impl Collect<'_, '_> {
         Class::Candidate
     }
 
-    /// Attention rows first, then the write-order scan from the watermark.
-    async fn scan_queue(&mut self, conn: &mut PgConnection) -> Result<(), StorageError> {
+    /// Attention rows first, then the write-order scan from the watermark; with
+    /// `written_first`, the other way round, and partitions the group never touched before the
+    /// others (see [`pop`]).
+    async fn scan_queue(
+        &mut self,
+        conn: &mut PgConnection,
+        written_first: bool,
+    ) -> Result<(), StorageError> {
+        if written_first {
+            self.scan_written(conn, true).await?;
+            if !self.done() {
+                self.scan_attention(conn).await?;
+            }
+        } else {
+            self.scan_attention(conn).await?;
+            if !self.done() {
+                self.scan_written(conn, false).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The rows asking for attention: ran-out leases and releases that left messages.
+    async fn scan_attention(&mut self, conn: &mut PgConnection) -> Result<(), StorageError> {
         let rows: Vec<Candidate> = sqlx::query_as(&format!(
             "{CANDIDATE_COLUMNS}
               WHERE p.id IN ((SELECT a.partition_id
@@ -748,7 +776,21 @@ impl Collect<'_, '_> {
             }
         }
 
+        Ok(())
+    }
+
+    /// The write-order scan from the watermark, which also moves the watermark; with
+    /// `untouched_first`, the first chunk's partitions the group has no row for are tried
+    /// before the others.
+    async fn scan_written(
+        &mut self,
+        conn: &mut PgConnection,
+        untouched_first: bool,
+    ) -> Result<(), StorageError> {
+        let slot = self.req.cache.pop_slot(self.queue.id, self.req.group);
         let mut cursor = self.sub.scan;
+        // Where the watermark stands (this pop may move it on the way).
+        let mut floor = self.sub.scan;
         let mut first_unpassed: Option<(i64, i64)> = None;
         let mut last_seen: Option<(i64, i64)> = None;
         // The oldest xmin of the chunks' snapshots (they only grow).
@@ -775,11 +817,15 @@ impl Collect<'_, '_> {
             } else {
                 0
             };
-            first_chunk = false;
             // Per row: None = not looked at (this pop was done first), else whether the
             // watermark may pass it.
             let mut passed: Vec<Option<bool>> = vec![None; rows.len()];
-            for n in (start..rows.len()).chain(0..start) {
+            let mut order: Vec<usize> = (start..rows.len()).chain(0..start).collect();
+            if untouched_first && first_chunk {
+                order.sort_by_key(|&n| rows[n].committed.is_some());
+            }
+            first_chunk = false;
+            for n in order {
                 if self.done() {
                     break;
                 }
@@ -808,18 +854,40 @@ impl Collect<'_, '_> {
                 Some((xid, id)) if full && all_seen => cursor = (xid, id + 1),
                 _ => break,
             }
+            // A long walk (a new group over a long history) records its progress as it goes:
+            // a pop that runs out of time must not leave the next one to start over.
+            if first_unpassed.is_none() {
+                self.advance_watermark(conn, cursor, xmin, &mut floor)
+                    .await?;
+            }
         }
-        // Never past the snapshot's xmin: a transaction that was still running then has an
-        // id at or above it and may yet commit a write the scan could not see; the first row
-        // the scan could not pass may lie far above such a write.
-        let watermark = first_unpassed
-            .or(last_seen.map(|(xid, id)| (xid, id + 1)))
-            .zip(xmin)
-            .map(|(w, xmin)| w.min((xmin, 0)));
-        let moved = watermark.filter(|w| *w > self.sub.scan);
-        if let Some(w) =
-            moved.filter(|_| self.req.cache.watermark_due(self.queue.id, self.req.group))
-        {
+        let watermark = first_unpassed.or(last_seen.map(|(xid, id)| (xid, id + 1)));
+        if let Some(w) = watermark {
+            self.advance_watermark(conn, w, xmin, &mut floor).await?;
+        }
+        Ok(())
+    }
+
+    /// Moves the group's scan watermark up to `w`, never past `(xmin, 0)`: a transaction that
+    /// was still running when the scan looked has an id at or above the snapshot's xmin and
+    /// may yet commit a write the scan could not see, and the first row the scan could not
+    /// pass may lie far above such a write. At most once per [`crate::storage::cache::
+    /// WATERMARK_EVERY`] per broker and group.
+    async fn advance_watermark(
+        &self,
+        conn: &mut PgConnection,
+        w: (i64, i64),
+        xmin: Option<i64>,
+        floor: &mut (i64, i64),
+    ) -> Result<(), StorageError> {
+        let Some(xmin) = xmin else {
+            return Ok(());
+        };
+        let w = w.min((xmin, 0));
+        if w <= *floor {
+            return Ok(());
+        }
+        if self.req.cache.watermark_due(self.queue.id, self.req.group) {
             // Every pop of the group would move this one row: a pop that finds it being
             // moved leaves it to that one (the watermark only saves scanning), and each broker
             // moves it at most every few milliseconds.
@@ -839,6 +907,7 @@ impl Collect<'_, '_> {
             .bind(w.1)
             .execute(&mut *conn)
             .await?;
+            *floor = w;
         }
         Ok(())
     }

@@ -28,6 +28,7 @@ mod observability;
 mod outage_cluster;
 mod outage_proxy;
 mod pop_basic;
+mod pop_fairness;
 mod pop_options;
 mod pop_outage;
 mod pop_scale;

@@ -174,7 +174,7 @@ async fn the_one_statement_pop_reads_a_few_rows_when_100_000_partitions_wait() {
          SELECT q.id, 'p-' || g, 1, 1, now() - interval '1 hour'
            FROM queen.queues q, generate_series(0, {}) g
           WHERE q.name = 'wide'",
-        PARTITIONS - 1
+        partitions() - 1
     ))
     .await;
     db.exec(
