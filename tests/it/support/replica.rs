@@ -48,6 +48,14 @@ impl ReplicaPair {
         )
     }
 
+    /// The same URL with the standby listed first.
+    pub fn url_standby_first(&self, db: &str) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/{db}?target_session_attrs=read-write",
+            self.standby.port, self.primary.port
+        )
+    }
+
     /// Waits until the standby has replayed everything the primary has written (bounded).
     pub async fn standby_caught_up(&self) {
         let mut primary = PgConnection::connect(&self.primary.url("postgres"))
