@@ -177,8 +177,8 @@ variables! {
     LOG_FORMAT, "log_format", Value("text"), Choice(super::LOG_FORMATS), "log lines as text, or one JSON object per line";
     QUEEN_METRICS, "queen_metrics", Value("true"), Bool, "count requests, messages and commits for `/metrics` (`false` leaves the counters and histograms at zero; gauges are still read)";
     QUEEN_CONFIG, -, Absent("`config/queen.toml` when present"), Path, "the TOML file read under the environment";
-    DATABASE_URL, "database_url", Absent(""), Url(&["postgres://", "postgresql://"]), "PostgreSQL URL; wins over the `PG_*` variables";
-    PG_HOST, "pg_host", Value("localhost"), Text, "PostgreSQL host; a comma-separated list names a primary and its standbys, and the broker writes to whichever accepts writes (docs/operations.md, \"Primary switchover\")";
+    DATABASE_URL, "database_url", Absent(""), Url(&["postgres://", "postgresql://"]), "PostgreSQL URL; wins over the `PG_*` variables; may list several hosts, libpq's way (`postgres://u:p@h1:5432,h2:5432/db?target_session_attrs=read-write`): the broker writes to whichever accepts writes";
+    PG_HOST, "pg_host", Value("localhost"), Text, "PostgreSQL host; `h1,h2` lists several (the broker writes to the primary)";
     PG_PORT, "pg_port", Value("5432"), Port, "PostgreSQL port";
     PG_USER, "pg_user", Value("postgres"), Text, "PostgreSQL user";
     PG_PASSWORD, "pg_password", Value("postgres"), Secret, "PostgreSQL password";

@@ -165,15 +165,51 @@ fn split_host(entry: &str) -> Option<(&str, Option<u16>)> {
 /// A callback run with the new host's options after a switch.
 type OnSwitch = Box<dyn Fn(PgConnectOptions) + Send + Sync>;
 
+/// When the last switch happened: what a pool's `before_acquire` hook needs to drop the
+/// connections opened before it. Kept apart from [`Primary`] so that a pool's hook does not
+/// hold the `Primary`, which holds the pool (a cycle that would keep every pool, and its
+/// connections, alive after the broker is gone).
+pub struct SwitchMark {
+    epoch: Instant,
+    /// Milliseconds after `epoch` of the last switch (0: never switched).
+    at_ms: AtomicU64,
+}
+
+impl SwitchMark {
+    fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            at_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn mark(&self) {
+        let ms = (self.epoch.elapsed().as_millis() as u64).max(1);
+        self.at_ms.store(ms, Ordering::Release);
+    }
+
+    /// Whether a pooled connection `age` old was opened before the last switch (and so may be
+    /// on the old host): the pools drop such connections instead of handing them out.
+    pub fn opened_before_switch(&self, age: Duration) -> bool {
+        let at = self.at_ms.load(Ordering::Acquire);
+        if at == 0 {
+            return false;
+        }
+        let since = self
+            .epoch
+            .elapsed()
+            .saturating_sub(Duration::from_millis(at));
+        age > since
+    }
+}
+
 /// The broker's database hosts and which of them it writes to; see the module docs.
 pub struct Primary {
     /// Connect options of each host (same user, database and session options).
     hosts: Vec<PgConnectOptions>,
     current: AtomicUsize,
     generation: AtomicU64,
-    epoch: Instant,
-    /// Milliseconds after `epoch` of the last switch (0: never switched).
-    switched_at_ms: AtomicU64,
+    mark: Arc<SwitchMark>,
     suspect: tokio::sync::Notify,
     pools: Mutex<Vec<PgPool>>,
     on_switch: Mutex<Vec<OnSwitch>>,
@@ -198,8 +234,7 @@ impl Primary {
             hosts,
             current: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
-            epoch: Instant::now(),
-            switched_at_ms: AtomicU64::new(0),
+            mark: Arc::new(SwitchMark::new()),
             suspect: tokio::sync::Notify::new(),
             pools: Mutex::new(Vec::new()),
             on_switch: Mutex::new(Vec::new()),
@@ -250,18 +285,9 @@ impl Primary {
         }
     }
 
-    /// Whether a pooled connection `age` old was opened before the last switch (and so may be
-    /// on the old host): the pools drop such connections instead of handing them out.
-    pub fn opened_before_switch(&self, age: Duration) -> bool {
-        let at = self.switched_at_ms.load(Ordering::Acquire);
-        if at == 0 {
-            return false;
-        }
-        let since = self
-            .epoch
-            .elapsed()
-            .saturating_sub(Duration::from_millis(at));
-        age > since
+    /// When the last switch happened, for the pools' `before_acquire` hooks.
+    pub fn switch_mark(&self) -> Arc<SwitchMark> {
+        self.mark.clone()
     }
 
     /// Registers a pool whose connect options follow the switches.
@@ -281,10 +307,15 @@ impl Primary {
             .push(Box::new(f));
     }
 
-    /// Ends [`Primary::watch`] (broker shutdown).
+    /// Ends [`Primary::watch`] and lets go of the pools and callbacks (broker shutdown).
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::Release);
         self.suspect.notify_one();
+        self.pools.lock().expect("primary pools lock").clear();
+        self.on_switch
+            .lock()
+            .expect("primary callbacks lock")
+            .clear();
     }
 
     /// Whether host `index` accepts writes now: a fresh connection (never a pooled one, which
@@ -328,8 +359,7 @@ impl Primary {
     }
 
     fn mark_switch(&self) {
-        let ms = (self.epoch.elapsed().as_millis() as u64).max(1);
-        self.switched_at_ms.store(ms, Ordering::Release);
+        self.mark.mark();
     }
 
     /// Makes host `index` the one the broker writes to: every registered pool connects there
@@ -495,6 +525,8 @@ mod tests {
         assert!(primary.several());
         assert_eq!(primary.host_list(), ["a:1", "b:7", "c:7"]);
         assert_eq!(primary.current_host(), "a:1");
-        assert!(!primary.opened_before_switch(Duration::from_secs(3600)));
+        assert!(!primary
+            .switch_mark()
+            .opened_before_switch(Duration::from_secs(3600)));
     }
 }

@@ -157,9 +157,10 @@ pub fn pool(primary: &Arc<Primary>, settings: &Settings) -> PgPool {
 /// Pool options that drop a connection opened before the last primary switch instead of
 /// handing it out (it may be on the old host, read-only or gone).
 fn pool_options(primary: &Arc<Primary>) -> PgPoolOptions {
-    let primary = primary.clone();
+    // Only the switch time, never the `Primary` (which holds the pool: a cycle).
+    let mark = primary.switch_mark();
     PgPoolOptions::new().before_acquire(move |_conn, meta| {
-        let fresh = !primary.opened_before_switch(meta.age);
+        let fresh = !mark.opened_before_switch(meta.age);
         Box::pin(async move { Ok(fresh) })
     })
 }
