@@ -3,11 +3,10 @@
 //! failures are `success: false` items under 200; only a malformed request is a 400.
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use serde_json::Value;
 
 use crate::http::body::read_body;
 use crate::http::error::{with_db, ApiError};
-use crate::protocol::ack::{group_of, json_body, outcome_json, parse_ack};
+use crate::protocol::ack::{WireAck, WireOutcome};
 use crate::state::AppState;
 use crate::storage::acks::{self, Ack, AckMode};
 
@@ -24,7 +23,7 @@ async fn apply(state: &AppState, list: Vec<Ack>) -> Result<HttpResponse, ApiErro
     })
     .await?;
     state.metrics.acked(&list, &outcomes);
-    let body: Vec<Value> = outcomes.iter().map(outcome_json).collect();
+    let body: Vec<WireOutcome> = outcomes.iter().map(WireOutcome::from).collect();
     Ok(HttpResponse::Ok().json(body))
 }
 
@@ -35,11 +34,10 @@ pub async fn ack(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let bytes = read_body(&req, payload, state.settings.max_body_bytes).await?;
-    let v = json_body(&bytes, false)?;
-    let one = parse_ack(
-        &v,
+    let v = WireAck::read(&bytes)?;
+    let one = v.to_ack(
         0,
-        group_of(&v),
+        v.group(),
         "transactionId is required",
         "partitionId is required to ensure message uniqueness",
     )?;
@@ -53,19 +51,17 @@ pub async fn ack_batch(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let bytes = read_body(&req, payload, state.settings.max_body_bytes).await?;
-    let v = json_body(&bytes, false)?;
+    let v = WireAck::read(&bytes)?;
     let items = v
-        .get("acknowledgments")
-        .and_then(Value::as_array)
+        .items()
         .ok_or_else(|| ApiError::BadRequest("acknowledgments array is required".into()))?;
     // The top-level group applies to every item.
-    let group = group_of(&v);
+    let group = v.group();
     let list = items
         .iter()
         .enumerate()
         .map(|(index, item)| {
-            parse_ack(
-                item,
+            item.to_ack(
                 index,
                 group.clone(),
                 "Each acknowledgment must have a valid transactionId string",

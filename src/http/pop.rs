@@ -18,7 +18,7 @@ use actix_web::{web, HttpResponse};
 use chrono::{DateTime, Utc};
 
 use crate::http::error::{with_db, ApiError};
-use crate::protocol::time::micros_iso;
+use crate::protocol::time::push_micros_iso;
 use crate::settings::Settings;
 use crate::state::AppState;
 use crate::storage::consume::{self, PopRequest, Popped, SubscriptionStart, QUEUE_MODE};
@@ -269,8 +269,11 @@ fn respond(
     out.extend_from_slice(group_json.as_bytes());
     out.extend_from_slice(b",\"messages\":[");
     let mut comma = false;
+    let mut uuid_buf = uuid::Uuid::encode_buffer();
     for (d, frames) in &decoded {
         let partition_json = json_str(&d.partition);
+        let partition_uuid = d.partition_uuid.hyphenated().to_string();
+        let retry_count = d.retry_count.to_string();
         for f in frames {
             let opened;
             let payload = if f.encrypted {
@@ -293,13 +296,13 @@ fn respond(
                 out.push(b',');
             }
             comma = true;
-            write!(out, "{{\"id\":\"{}\",\"transactionId\":", f.id);
-            out.extend_from_slice(json_str(f.transaction_id).as_bytes());
-            write!(
-                out,
-                ",\"partitionId\":\"{}\",\"partition\":",
-                d.partition_uuid
-            );
+            out.extend_from_slice(b"{\"id\":\"");
+            out.extend_from_slice(f.id.hyphenated().encode_lower(&mut uuid_buf).as_bytes());
+            out.extend_from_slice(b"\",\"transactionId\":");
+            push_json_str(&mut out, f.transaction_id);
+            out.extend_from_slice(b",\"partitionId\":\"");
+            out.extend_from_slice(partition_uuid.as_bytes());
+            out.extend_from_slice(b"\",\"partition\":");
             out.extend_from_slice(partition_json.as_bytes());
             out.extend_from_slice(b",\"queue\":");
             out.extend_from_slice(queue_json.as_bytes());
@@ -307,17 +310,17 @@ fn respond(
             out.extend_from_slice(lease_json.as_bytes());
             out.extend_from_slice(b",\"consumerGroup\":");
             out.extend_from_slice(group_json.as_bytes());
-            write!(
-                out,
-                ",\"createdAt\":\"{}\",\"data\":",
-                micros_iso(f.created_at_micros)
-            );
+            out.extend_from_slice(b",\"createdAt\":\"");
+            push_micros_iso(&mut out, f.created_at_micros);
+            out.extend_from_slice(b"\",\"data\":");
             out.extend_from_slice(payload.as_bytes());
             out.extend_from_slice(b",\"producerSub\":");
-            out.extend_from_slice(opt_json_str(f.producer_sub).as_bytes());
+            push_opt_json_str(&mut out, f.producer_sub);
             out.extend_from_slice(b",\"traceId\":");
-            out.extend_from_slice(opt_json_str(f.trace_id).as_bytes());
-            write!(out, ",\"retryCount\":{}}}", d.retry_count);
+            push_opt_json_str(&mut out, f.trace_id);
+            out.extend_from_slice(b",\"retryCount\":");
+            out.extend_from_slice(retry_count.as_bytes());
+            out.push(b'}');
         }
     }
     if !comma {
@@ -335,9 +338,17 @@ fn json_str(s: &str) -> String {
     serde_json::to_string(s).expect("a string serialises")
 }
 
-/// An optional string as a JSON string literal or `null`.
-fn opt_json_str(s: Option<&str>) -> String {
-    s.map_or_else(|| "null".to_string(), json_str)
+/// Appends a string as a JSON string literal.
+fn push_json_str(out: &mut Vec<u8>, s: &str) {
+    serde_json::to_writer(&mut *out, s).expect("a string serialises into a Vec");
+}
+
+/// Appends an optional string as a JSON string literal or `null`.
+fn push_opt_json_str(out: &mut Vec<u8>, s: Option<&str>) {
+    match s {
+        Some(s) => push_json_str(out, s),
+        None => out.extend_from_slice(b"null"),
+    }
 }
 
 #[cfg(test)]

@@ -489,16 +489,18 @@ struct ClaimRow {
 /// consumers read).
 const HELD_NEWEST: usize = 256;
 
-/// The queue-level pop in one statement, for the common case: claim the least recently
-/// claimed partition of the queue that the group has a row for, with messages past its
-/// committed offset and no live lease, among the rows asking for attention, the run-out
-/// leases and the partitions written since the group's watermark (each list read from its
-/// index, at most 64 rows); skip a row another claim is locking (`SKIP LOCKED`), record the
-/// leased range and return the covering segments (without the frames of the cached ones in
-/// `$6`/`$7`) with the queue's options. No row: nothing claimable among those lists, or a case
-/// this statement leaves to the full pop (no subscription yet, a window buffer, delayed
-/// processing); the caller then runs the full pop, which also settles and rescans.
-const READY_SQL: &str = "
+/// The queue-level pop in one statement, for the common case: claim one partition of the queue
+/// that the group has a row for, with messages past its committed offset and no live lease,
+/// taken from three lists in turn: leases that ran out (oldest first), rows released with
+/// messages left (in release order), partitions written since the group's watermark (of the 16
+/// written longest ago, the one claimed least recently). Each list is read from its index only
+/// as far as its first claimable row, skipping rows another claim is locking (`SKIP LOCKED`),
+/// so a pop reads a handful of rows however many partitions wait. It records the leased range
+/// and returns the covering segments (without the frames of the cached ones in `$6`/`$7`) with
+/// the queue's options. No row: nothing claimable among those lists, or a case this statement
+/// leaves to the full pop (no subscription yet, a window buffer, delayed processing); the caller
+/// then runs the full pop, which also settles and rescans.
+pub const READY_SQL: &str = "
 WITH q AS (
     SELECT q.id, q.lease_time, s.scan_xid, s.scan_pid
       FROM queen.queues q
@@ -507,39 +509,60 @@ WITH q AS (
      WHERE q.name = $1
        AND q.window_buffer = 0
        AND q.delayed_processing = 0
-), target AS (
+), expired AS (
+    -- Leases that ran out, oldest first: walked in index order (the queue id is a parameter
+    -- of the scan, not a join, so the index gives the order), the first row not locked by a
+    -- concurrent pop that still has messages wins; nothing after it is read.
     SELECT c.partition_id, c.consumer_group
       FROM queen.partition_consumers c
       JOIN queen.partitions p ON p.id = c.partition_id
+     WHERE c.queue_id = (SELECT id FROM q)
+       AND c.consumer_group = $2
+       AND c.lease_expires_at <= now()
+       AND c.committed_offset < p.next_offset
+     ORDER BY c.lease_expires_at
+     LIMIT 1
+       FOR UPDATE OF c SKIP LOCKED
+), released AS (
+    -- Rows released with messages left behind, in the order they were released (a queue of
+    -- partitions waiting for a consumer), read the same way.
+    SELECT c.partition_id, c.consumer_group
+      FROM queen.partition_consumers c
+      JOIN queen.partitions p ON p.id = c.partition_id
+     WHERE c.queue_id = (SELECT id FROM q)
+       AND c.consumer_group = $2
+       AND c.attention_at <= now()
+       AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+       AND c.committed_offset < p.next_offset
+     ORDER BY c.attention_at
+     LIMIT 1
+       FOR UPDATE OF c SKIP LOCKED
+), written AS (
+    -- Partitions written since the watermark: the 16 written longest ago, of which the one
+    -- claimed least recently (a partition written all the time is always among the newest
+    -- writes, so the write order alone would keep it waiting).
+    SELECT c.partition_id, c.consumer_group
+      FROM queen.partition_consumers c
+      JOIN (SELECT w.id, w.next_offset
+              FROM queen.partitions w
+             WHERE w.queue_id = (SELECT id FROM q)
+               AND (w.last_write_xid, w.id) >= ((SELECT scan_xid FROM q), (SELECT scan_pid FROM q))
+             ORDER BY w.last_write_xid, w.id
+             LIMIT 16) p ON p.id = c.partition_id
      WHERE c.consumer_group = $2
-       AND c.partition_id IN (
-             (SELECT a.partition_id
-                FROM queen.partition_consumers a, q
-               WHERE a.queue_id = q.id
-                 AND a.consumer_group = $2
-                 AND a.attention_at <= now()
-               ORDER BY a.attention_at
-               LIMIT 64)
-             UNION ALL
-             (SELECT a.partition_id
-                FROM queen.partition_consumers a, q
-               WHERE a.queue_id = q.id
-                 AND a.consumer_group = $2
-                 AND a.lease_expires_at <= now()
-               ORDER BY a.lease_expires_at
-               LIMIT 64)
-             UNION ALL
-             (SELECT w.id
-                FROM queen.partitions w, q
-               WHERE w.queue_id = q.id
-                 AND (w.last_write_xid, w.id) >= (q.scan_xid, q.scan_pid)
-               ORDER BY w.last_write_xid, w.id
-               LIMIT 64))
        AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
        AND c.committed_offset < p.next_offset
      ORDER BY c.lease_acquired_at NULLS FIRST
      LIMIT 1
        FOR UPDATE OF c SKIP LOCKED
+), target AS (
+    -- The three lists in turn: a later one is read only when the earlier ones found nothing.
+    SELECT * FROM expired
+    UNION ALL
+    SELECT * FROM released
+    UNION ALL
+    SELECT * FROM written
+     LIMIT 1
 ), claim AS (
     UPDATE queen.partition_consumers c
        SET lease_id = $3,
@@ -708,6 +731,8 @@ impl Collect<'_, '_> {
         let mut cursor = self.sub.scan;
         let mut first_unpassed: Option<(i64, i64)> = None;
         let mut last_seen: Option<(i64, i64)> = None;
+        // The oldest xmin of the chunks' snapshots (they only grow).
+        let mut xmin: Option<i64> = None;
         let mut first_chunk = true;
         while !self.done() {
             let rows: Vec<Candidate> = sqlx::query_as(SCAN_SQL)
@@ -719,6 +744,9 @@ impl Collect<'_, '_> {
                 .fetch_all(&mut *conn)
                 .await?;
             let full = rows.len() as i64 == SCAN_CHUNK;
+            if let Some(x) = rows.iter().find_map(|r| r.xmin) {
+                xmin = Some(xmin.map_or(x, |m: i64| m.min(x)));
+            }
             // Concurrent pops read the same oldest-first list: the k-th pop running on this
             // broker starts at the k-th candidate, so they do not all try to claim the same
             // partition; a pop alone takes the oldest.
@@ -761,7 +789,13 @@ impl Collect<'_, '_> {
                 _ => break,
             }
         }
-        let watermark = first_unpassed.or(last_seen.map(|(xid, id)| (xid, id + 1)));
+        // Never past the snapshot's xmin: a transaction that was still running then has an
+        // id at or above it and may yet commit a write the scan could not see; the first row
+        // the scan could not pass may lie far above such a write.
+        let watermark = first_unpassed
+            .or(last_seen.map(|(xid, id)| (xid, id + 1)))
+            .zip(xmin)
+            .map(|(w, xmin)| w.min((xmin, 0)));
         let moved = watermark.filter(|w| *w > self.sub.scan);
         if let Some(w) =
             moved.filter(|_| self.req.cache.watermark_due(self.queue.id, self.req.group))

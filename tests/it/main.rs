@@ -31,6 +31,7 @@ mod pop_basic;
 mod pop_options;
 mod pop_outage;
 mod pop_scale;
+mod pop_watermark;
 mod process_lifecycle;
 mod push_backpressure;
 mod push_concurrency;

@@ -3,7 +3,7 @@
 
 use crate::support::consuming::*;
 use crate::support::{fresh_db, spawn_app};
-use queen_broker::storage::consume::{QUEUE_MODE, SCAN_SQL};
+use queen_broker::storage::consume::{QUEUE_MODE, READY_SQL, SCAN_SQL};
 use serde_json::Value;
 
 const PARTITIONS: i64 = 100_000;
@@ -137,4 +137,81 @@ async fn an_expired_lease_among_100_000_partitions_is_found_through_its_index() 
     .unwrap();
     let text = plan.to_string();
     assert!(text.contains("partition_consumers_expiry"), "{text}");
+}
+
+#[actix_web::test]
+async fn the_one_statement_pop_reads_a_few_rows_when_100_000_partitions_wait() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    // 100 000 partitions of one message each, every one released with that message left
+    // behind (a backlog waiting for consumers), at distinct times.
+    db.exec("INSERT INTO queen.queues (name) VALUES ('wide')")
+        .await;
+    db.exec(&format!(
+        "INSERT INTO queen.partitions (queue_id, name, next_offset, last_write_xid, last_write_at)
+         SELECT q.id, 'p-' || g, 1, 1, now() - interval '1 hour'
+           FROM queen.queues q, generate_series(0, {}) g
+          WHERE q.name = 'wide'",
+        PARTITIONS - 1
+    ))
+    .await;
+    db.exec(
+        "INSERT INTO queen.partition_consumers
+                (partition_id, consumer_group, queue_id, committed_offset, attention_at)
+         SELECT id, '__QUEUE_MODE__', queue_id, 0, now() - id * interval '1 millisecond'
+           FROM queen.partitions",
+    )
+    .await;
+    db.exec(
+        "INSERT INTO queen.consumer_subscriptions (consumer_group, queue_id, subscription_mode, scan_xid)
+         SELECT '__QUEUE_MODE__', id, 'all', 2 FROM queen.queues WHERE name = 'wide'",
+    )
+    .await;
+    db.exec("ANALYZE queen.partitions").await;
+    db.exec("ANALYZE queen.partition_consumers").await;
+    drop(app);
+
+    let mut conn = db.conn().await;
+    let plan: Value = sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, FORMAT JSON) {READY_SQL}"))
+        .bind("wide")
+        .bind(QUEUE_MODE)
+        .bind(uuid::Uuid::now_v7())
+        .bind("test")
+        .bind(10_i64)
+        .bind(Vec::<i64>::new())
+        .bind(Vec::<i64>::new())
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let mut all = Vec::new();
+    nodes(&plan[0]["Plan"], &mut all);
+    // Every scan of the two big tables reads a handful of rows, never the waiting backlog.
+    for n in all.iter().filter(|n| {
+        n["Relation Name"] == "partition_consumers" || n["Relation Name"] == "partitions"
+    }) {
+        let rows = n["Actual Rows"].as_f64().unwrap_or(0.0);
+        let loops = n["Actual Loops"].as_f64().unwrap_or(0.0);
+        let removed = n["Rows Removed by Filter"].as_f64().unwrap_or(0.0);
+        assert!(
+            rows * loops.max(1.0) + removed <= 4.0,
+            "a scan of {} read {rows} rows × {loops} loops (+{removed} removed): {plan}",
+            n["Relation Name"]
+        );
+        assert_ne!(n["Node Type"], "Seq Scan", "{plan}");
+    }
+    // It claimed the partition released first (the oldest attention).
+    let claimed: (String, Option<i64>, Option<i64>) = sqlx::query_as(
+        "SELECT p.name, c.leased_from, c.leased_to
+           FROM queen.partition_consumers c JOIN queen.partitions p ON p.id = c.partition_id
+          WHERE c.lease_expires_at > now()",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    let last: String =
+        sqlx::query_scalar("SELECT name FROM queen.partitions ORDER BY id DESC LIMIT 1")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(claimed, (last, Some(0), Some(1)));
 }
