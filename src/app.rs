@@ -4,7 +4,7 @@
 //! the actors' threads stop, then a private cluster stops.
 
 use std::sync::atomic::AtomicUsize;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::{Actor, Arbiter};
@@ -23,6 +23,7 @@ use crate::settings::Settings;
 use crate::state::{read_flags, AppState, Flags, Inflight};
 use crate::storage::cache::SegmentCache;
 use crate::storage::crypto::PayloadKey;
+use crate::storage::hosts::Primary;
 use crate::storage::{self, commit::PgStore};
 use crate::wake::{self, WakeHub};
 
@@ -73,15 +74,18 @@ pub struct Broker {
     pub handle: actix_web::dev::ServerHandle,
     /// Shared state, for tests and background tasks.
     pub state: web::Data<AppState>,
+    /// The database hosts and which one the broker writes to (`storage::hosts`).
+    pub primary: Arc<Primary>,
     arbiters: Vec<Arbiter>,
-    listener: wake::ListenerHandle,
+    listener: Arc<Mutex<wake::ListenerHandle>>,
     private_cluster: Option<PrivateCluster>,
 }
 
 impl Broker {
     /// Stops the actor threads and a private cluster; call after the server has stopped.
     pub fn shutdown(&self) {
-        self.listener.stop();
+        self.primary.stop();
+        self.listener.lock().expect("listener lock").stop();
         for arbiter in &self.arbiters {
             arbiter.stop();
         }
@@ -174,10 +178,24 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         target: target.clone(),
         reason,
     };
-    let options = storage::connect_options(&url, &settings).map_err(|e| db_err(e.to_string()))?;
-    let pool = storage::pool(options.clone(), &settings);
-    let lease_pool = storage::lease_pool(options.clone(), &settings);
-    let admin_pool = storage::admin_pool(options.clone(), &settings);
+    let primary = storage::primary(&url, &settings).map_err(|e| db_err(e.to_string()))?;
+    if primary.several() {
+        // Start on the host that accepts writes; when none does yet, start on the first and
+        // let the watcher keep looking (pushes are spooled meanwhile).
+        let found = tokio::time::timeout(settings.connect_timeout * 2, primary.find()).await;
+        match found {
+            Ok(Some(index)) if index != 0 => primary.switch_to(index),
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => {
+                tracing::warn!(hosts = ?primary.host_list(), "no database host accepts writes at start-up; still looking");
+                primary.suspect();
+            }
+        }
+    }
+    let options = primary.options();
+    let pool = storage::pool(&primary, &settings);
+    let lease_pool = storage::lease_pool(&primary, &settings);
+    let admin_pool = storage::admin_pool(&primary, &settings);
     match tokio::time::timeout(settings.connect_timeout * 2, storage::migrate(&pool)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) if e.is_unreachable() => {
@@ -204,7 +222,8 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
             settings.commit_timeout,
         )
         .with_cache(cache.clone())
-        .with_key(payload_key.clone());
+        .with_key(payload_key.clone())
+        .with_primary(primary.clone());
         let counter = load.clone();
         let observer = metrics.clone();
         let addr = Committer::start_in_arbiter(&committer_arbiter.handle(), move |_| {
@@ -225,7 +244,8 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         settings.connect_timeout,
         settings.commit_timeout,
     )
-    .with_key(payload_key.clone());
+    .with_key(payload_key.clone())
+    .with_primary(primary.clone());
     let replay_state = spool_state.clone();
     let (replay_every, replay_backoff) = (settings.replay_every, settings.replay_backoff);
     Replayer::start_in_arbiter(&committer_arbiter.handle(), move |_| {
@@ -281,7 +301,25 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         settings.retention_batch,
     ));
     let hub = WakeHub::new();
-    let listener = wake::spawn_listener(options.clone(), hub.clone());
+    let listener = Arc::new(Mutex::new(wake::spawn_listener(
+        options.clone(),
+        hub.clone(),
+    )));
+    {
+        // After a switchover the LISTEN connection is made again, on the new primary (the
+        // old handle stops its thread when dropped).
+        // The spool replay need not wait out its back-off either: a host accepts writes.
+        let (listener, hub, spool) = (listener.clone(), hub.clone(), spool_state.clone());
+        primary.on_switch(move |options| {
+            *listener.lock().expect("listener lock") = wake::spawn_listener(options, hub.clone());
+            spool.mark_db_up();
+        });
+    }
+    actix_web::rt::spawn(
+        primary
+            .clone()
+            .watch(pool.clone(), settings.primary_check_every),
+    );
 
     let state = web::Data::new(AppState {
         registry,
@@ -334,6 +372,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         port,
         db_host = %options.get_host(),
         db_port = options.get_port(),
+        db_hosts = primary.host_list().len(),
         database = %options.get_database().unwrap_or("(the user's name)"),
         private_database = private_cluster.is_some(),
         metrics = settings.metrics,
@@ -344,6 +383,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         handle: server.handle(),
         server: Some(server),
         state,
+        primary,
         arbiters: vec![committer_arbiter, partition_arbiter],
         listener,
         private_cluster,

@@ -177,8 +177,8 @@ variables! {
     LOG_FORMAT, "log_format", Value("text"), Choice(super::LOG_FORMATS), "log lines as text, or one JSON object per line";
     QUEEN_METRICS, "queen_metrics", Value("true"), Bool, "count requests, messages and commits for `/metrics` (`false` leaves the counters and histograms at zero; gauges are still read)";
     QUEEN_CONFIG, -, Absent("`config/queen.toml` when present"), Path, "the TOML file read under the environment";
-    DATABASE_URL, "database_url", Absent(""), Url(&["postgres://", "postgresql://"]), "PostgreSQL URL; wins over the `PG_*` variables";
-    PG_HOST, "pg_host", Value("localhost"), Text, "PostgreSQL host";
+    DATABASE_URL, "database_url", Absent(""), Url(&["postgres://", "postgresql://"]), "PostgreSQL URL; wins over the `PG_*` variables; may list several hosts, libpq's way (`postgres://u:p@h1:5432,h2:5432/db?target_session_attrs=read-write`): the broker writes to whichever accepts writes";
+    PG_HOST, "pg_host", Value("localhost"), Text, "PostgreSQL host; `h1,h2` lists several (the broker writes to the primary)";
     PG_PORT, "pg_port", Value("5432"), Port, "PostgreSQL port";
     PG_USER, "pg_user", Value("postgres"), Text, "PostgreSQL user";
     PG_PASSWORD, "pg_password", Value("postgres"), Secret, "PostgreSQL password";
@@ -189,6 +189,7 @@ variables! {
     DB_STATEMENT_TIMEOUT, "db_statement_timeout", Value("30000"), Millis, "statement timeout of every session";
     DB_LOCK_TIMEOUT, "db_lock_timeout", Value("10000"), Millis, "lock timeout of every session";
     DB_CONNECTION_TIMEOUT, "db_connection_timeout", Value("2000"), Millis, "connect timeout";
+    QUEEN_PRIMARY_CHECK_MS, "queen_primary_check_ms", Value("1000"), Millis, "with several database hosts: how often the broker checks that its host still accepts writes (a failed commit checks at once)";
     QUEEN_PRIVATE_PG_DIR, "queen_private_pg_dir", Value(".queen/postgres"), Path, "data folder of the private PostgreSQL";
     QUEEN_PRIVATE_PG_PROBE, "queen_private_pg_probe", Value("127.0.0.1:5432"), Text, "where a local PostgreSQL is looked for before a private one is started";
     QUEEN_COMMITTERS, "queen_committers", Value("2"), Count, "committer actors, each with its own connection";
@@ -420,7 +421,26 @@ impl Database {
                 password,
                 database,
             } => {
-                format!("postgres://{user}:{password}@{host}:{port}/{database}")
+                // `PG_HOST=h1,h2`: every host without a port of its own gets `PG_PORT` (libpq's
+                // URL form would give it 5432).
+                let hosts: Vec<String> = host
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|h| !h.is_empty())
+                    .map(|h| {
+                        let has_port = match h.rfind(']') {
+                            Some(end) => h[end..].contains(':'),
+                            None => h.contains(':'),
+                        };
+                        if has_port {
+                            h.to_string()
+                        } else {
+                            format!("{h}:{port}")
+                        }
+                    })
+                    .collect();
+                let hosts = hosts.join(",");
+                format!("postgres://{user}:{password}@{hosts}/{database}")
             }
         }
     }
@@ -469,6 +489,8 @@ pub struct Settings {
     pub db_pool_size: u32,
     /// Statement timeout.
     pub statement_timeout: Duration,
+    /// With several database hosts: how often the current host is checked for writes.
+    pub primary_check_every: Duration,
     /// Lock timeout.
     pub lock_timeout: Duration,
     /// Connect timeout.
@@ -911,6 +933,7 @@ impl Settings {
             statement_timeout: src.duration(&DB_STATEMENT_TIMEOUT)?,
             lock_timeout: src.duration(&DB_LOCK_TIMEOUT)?,
             connect_timeout: src.duration(&DB_CONNECTION_TIMEOUT)?,
+            primary_check_every: src.duration(&QUEEN_PRIMARY_CHECK_MS)?,
             max_body_bytes: src.count(&QUEEN_MAX_BODY_BYTES)? as usize,
             committers: src.count(&QUEEN_COMMITTERS)? as usize,
             committer_spill_items: src.count(&QUEEN_COMMITTER_SPILL_ITEMS)? as usize,
@@ -1082,6 +1105,20 @@ mod tests {
         assert!(s.database_configured);
         assert_eq!(s.database.url(), "postgres://u:secret@h:1/d");
         assert!(!format!("{s:?}").contains("secret"));
+    }
+
+    #[test]
+    fn a_pg_host_list_gives_each_host_pg_port_unless_it_names_one() {
+        let s = Settings::from_map(env(&[
+            ("PG_HOST", "db1, db2:6000,[::1]"),
+            ("PG_PORT", "5433"),
+            ("PG_PASSWORD", "pw"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            s.database.url(),
+            "postgres://postgres:pw@db1:5433,db2:6000,[::1]:5433/postgres"
+        );
     }
 
     #[test]

@@ -122,6 +122,79 @@ impl PrivateCluster {
         }
     }
 
+    /// Gives the data folder to the `postgres` user (when running as root) and makes the
+    /// folders above it traversable by that user.
+    fn hand_to_postgres(&self) -> Result<(), ClusterError> {
+        if !self.as_postgres {
+            return Ok(());
+        }
+        self.run({
+            let mut c = Command::new("chown");
+            c.args(["-R", "postgres:postgres"]).arg(&self.data_dir);
+            c
+        })?;
+        // The folders above must be traversable by the postgres user.
+        let mut parent = self.data_dir.parent();
+        while let Some(dir) = parent {
+            if dir.as_os_str().is_empty() || dir == Path::new("/") {
+                break;
+            }
+            if let Ok(meta) = std::fs::metadata(dir) {
+                use std::os::unix::fs::PermissionsExt;
+                let mode = meta.permissions().mode();
+                if mode & 0o001 == 0 {
+                    let _ = std::fs::set_permissions(
+                        dir,
+                        std::fs::Permissions::from_mode(mode | 0o001),
+                    );
+                }
+            }
+            parent = dir.parent();
+        }
+        Ok(())
+    }
+
+    /// Fills this cluster's (empty or missing) data folder with a base backup of the running
+    /// `primary` and makes it its streaming standby (`pg_basebackup -R`: `standby.signal` and
+    /// `primary_conninfo`); [`PrivateCluster::start`] then starts it as a hot standby. Needs
+    /// replication connections from 127.0.0.1, which the clusters made here allow (initdb's
+    /// `--auth=trust` with its default `pg_hba.conf`, `wal_level=replica`).
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError`] when the folder cannot be prepared or `pg_basebackup` fails.
+    pub fn base_backup_of(&self, primary: &PrivateCluster) -> Result<(), ClusterError> {
+        std::fs::create_dir_all(&self.data_dir).map_err(|e| ClusterError::Command {
+            command: "prepare standby data folder".into(),
+            detail: e.to_string(),
+        })?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ =
+                std::fs::set_permissions(&self.data_dir, std::fs::Permissions::from_mode(0o700));
+        }
+        self.hand_to_postgres()?;
+        let mut c = self.command("pg_basebackup");
+        c.args(["-h", "127.0.0.1", "-p"])
+            .arg(primary.port.to_string())
+            .args(["-U", "postgres", "-D"])
+            .arg(&self.data_dir)
+            .args(["-R", "-X", "stream", "--checkpoint=fast", "--no-sync"]);
+        self.run(c)
+    }
+
+    /// Promotes this standby to a primary (`pg_ctl promote -w`: returns once it accepts
+    /// writes).
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError`] when pg_ctl fails (e.g. the cluster is not a standby).
+    pub fn promote(&self) -> Result<(), ClusterError> {
+        let mut c = self.command("pg_ctl");
+        c.arg("promote").arg("-w").arg("-D").arg(&self.data_dir);
+        self.run(c)
+    }
+
     /// Creates the cluster if the folder holds none, then starts it (`pg_ctl start -w`).
     /// `durable = false` turns fsync off (throwaway test clusters only).
     ///
@@ -134,31 +207,7 @@ impl PrivateCluster {
             detail: e.to_string(),
         };
         std::fs::create_dir_all(&self.data_dir).map_err(io)?;
-        if self.as_postgres {
-            self.run({
-                let mut c = Command::new("chown");
-                c.args(["-R", "postgres:postgres"]).arg(&self.data_dir);
-                c
-            })?;
-            // The folders above must be traversable by the postgres user.
-            let mut parent = self.data_dir.parent();
-            while let Some(dir) = parent {
-                if dir.as_os_str().is_empty() || dir == Path::new("/") {
-                    break;
-                }
-                if let Ok(meta) = std::fs::metadata(dir) {
-                    use std::os::unix::fs::PermissionsExt;
-                    let mode = meta.permissions().mode();
-                    if mode & 0o001 == 0 {
-                        let _ = std::fs::set_permissions(
-                            dir,
-                            std::fs::Permissions::from_mode(mode | 0o001),
-                        );
-                    }
-                }
-                parent = dir.parent();
-            }
-        }
+        self.hand_to_postgres()?;
         if !self.data_dir.join("PG_VERSION").exists() {
             let mut c = self.command("initdb");
             c.arg("-D").arg(&self.data_dir).args([

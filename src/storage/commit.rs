@@ -37,14 +37,19 @@ use crate::storage::cache::SegmentCache;
 use crate::storage::crypto::PayloadKey;
 use crate::storage::dedup::{self, Original, Probe, Secret};
 use crate::storage::error::StorageError;
+use crate::storage::hosts::Primary;
 use crate::storage::{frames, partitions};
 
-/// A committer's store: its own connection, re-opened after a failure.
+/// A committer's store: its own connection, re-opened after a failure (and after a primary
+/// switch, on the new host).
 pub struct PgStore {
     options: PgConnectOptions,
     cache: Option<Arc<SegmentCache>>,
     key: Option<PayloadKey>,
     conn: Option<PgConnection>,
+    primary: Option<Arc<Primary>>,
+    /// The primary's generation when `conn` was opened.
+    conn_generation: u64,
     connect_timeout: Duration,
     commit_timeout: Duration,
 }
@@ -63,6 +68,8 @@ impl PgStore {
             cache: None,
             key: None,
             conn: None,
+            primary: None,
+            conn_generation: 0,
             connect_timeout,
             commit_timeout,
         }
@@ -82,18 +89,47 @@ impl PgStore {
         self.key = key;
         self
     }
+
+    /// Connects to whichever host `primary` names (instead of the fixed options), reconnects
+    /// after it switched, and tells it when a commit failed as unreachable.
+    pub fn with_primary(mut self, primary: Arc<Primary>) -> Self {
+        self.primary = Some(primary);
+        self
+    }
+
+    fn unavailable(&self, error: StoreError) -> StoreError {
+        if let (Some(primary), StoreError::Unavailable(_)) = (&self.primary, &error) {
+            primary.suspect();
+        }
+        error
+    }
 }
 
 impl SegmentStore for PgStore {
     async fn commit(&mut self, batch: &[SegmentWrite]) -> Result<Vec<SegmentOutcome>, StoreError> {
+        if let Some(primary) = &self.primary {
+            if self.conn.is_some() && self.conn_generation != primary.generation() {
+                // The primary moved: this session is on the old host.
+                self.conn = None;
+            }
+        }
         if self.conn.is_none() {
-            let connect = PgConnection::connect_with(&self.options);
+            let (options, generation) = match &self.primary {
+                Some(p) => (p.options(), p.generation()),
+                None => (self.options.clone(), 0),
+            };
+            let connect = PgConnection::connect_with(&options);
             let conn = match tokio::time::timeout(self.connect_timeout, connect).await {
                 Ok(Ok(conn)) => conn,
-                Ok(Err(e)) => return Err(StoreError::Unavailable(e.to_string())),
-                Err(_) => return Err(StoreError::Unavailable("connect timed out".into())),
+                Ok(Err(e)) => return Err(self.unavailable(StoreError::Unavailable(e.to_string()))),
+                Err(_) => {
+                    return Err(
+                        self.unavailable(StoreError::Unavailable("connect timed out".into()))
+                    )
+                }
             };
             self.conn = Some(conn);
+            self.conn_generation = generation;
         }
         let conn = self.conn.as_mut().expect("connected above");
         let cache = self.cache.as_deref();
@@ -103,13 +139,13 @@ impl SegmentStore for PgStore {
             Ok(Err(e)) => {
                 // Whatever state the session is in, a fresh one is the safe next step.
                 self.conn = None;
-                Err(classify(e))
+                Err(self.unavailable(classify(e)))
             }
             Err(_) => {
                 self.conn = None;
-                Err(StoreError::Unavailable(
+                Err(self.unavailable(StoreError::Unavailable(
                     "commit timed out; its outcome is unknown".into(),
-                ))
+                )))
             }
         }
     }

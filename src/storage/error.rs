@@ -17,7 +17,11 @@
 //!   (starting up or in recovery), 57P04 database dropped, and 57014 query canceled, which is
 //!   also what `statement_timeout` raises: a server too slow to answer within the statement
 //!   timeout is treated like one that does not answer, the same rule the commit path applies
-//!   to its own commit timeout. The statement rolled back, so a retry is safe.
+//!   to its own commit timeout. The statement rolled back, so a retry is safe;
+//! - SQLSTATE 25006 (read_only_sql_transaction): the host no longer accepts writes (a primary
+//!   made read-only or demoted, or a standby) — a switchover in progress, not anything wrong
+//!   with the data: the pushes are spooled and replayed on the new primary, never quarantined
+//!   (`storage::hosts` looks for the host that accepts writes).
 //!
 //! Everything else (a constraint, a lock timeout 55P03, serialization 40001, deadlock 40P01,
 //! a corrupt stored segment, a payload that is not JSON) is "this operation failed": the HTTP
@@ -110,7 +114,7 @@ fn sqlx_unreachable(e: &sqlx::Error) -> bool {
         | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(db) => db
             .code()
-            .is_some_and(|c| c.starts_with("08") || c.starts_with("57")),
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57") || c == "25006"),
         _ => false,
     }
 }

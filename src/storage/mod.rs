@@ -20,6 +20,7 @@
 //! - [`status`]: what the dashboard's status and analytics routes read.
 //! - [`transaction`]: `POST /api/v1/transaction`'s pushes and acks in one transaction.
 //! - [`error`]: whether a database error means PostgreSQL is away.
+//! - [`hosts`]: multi-host URLs and following the primary through a switchover.
 
 pub mod acks;
 pub mod cache;
@@ -31,6 +32,7 @@ pub mod dlq;
 pub mod error;
 pub mod frames;
 pub mod groups;
+pub mod hosts;
 pub mod leases;
 pub mod messages;
 pub mod partitions;
@@ -45,8 +47,12 @@ pub mod transaction;
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
+
+use crate::storage::hosts::Primary;
 
 use crate::settings::Settings;
 pub use crate::storage::error::StorageError;
@@ -65,13 +71,30 @@ pub async fn migrate(pool: &PgPool) -> Result<(), StorageError> {
     MIGRATOR.run(pool).await.map_err(StorageError::from)
 }
 
-/// Connection options for `url` with the session timeouts from `settings`.
+/// The hosts of `url` (one, or several for a multi-host URL) with the session options of
+/// [`connect_options`], the first one current.
+///
+/// # Errors
+///
+/// When the URL does not parse.
+pub fn primary(url: &str, settings: &Settings) -> Result<Arc<Primary>, StorageError> {
+    let split = hosts::split_url(url)?;
+    let options = connect_options(url, settings)?;
+    Ok(Arc::new(Primary::new(
+        &split,
+        options,
+        settings.connect_timeout,
+    )))
+}
+
+/// Connection options for `url` with the session timeouts from `settings`; for a multi-host
+/// URL ([`hosts::split_url`]), the options of its first host.
 ///
 /// # Errors
 ///
 /// When the URL does not parse.
 pub fn connect_options(url: &str, settings: &Settings) -> Result<PgConnectOptions, StorageError> {
-    let options: PgConnectOptions = url.parse()?;
+    let options: PgConnectOptions = hosts::split_url(url)?.first.parse()?;
     Ok(options.application_name("queen-broker").options([
         (
             "statement_timeout",
@@ -89,8 +112,15 @@ pub fn connect_options(url: &str, settings: &Settings) -> Result<PgConnectOption
 /// means the lease was never taken: its messages are handed out again, as after a lease
 /// expiry. Anything that must survive a crash — acks, autoAck pops, pushes — never runs here;
 /// and a later durable commit (the ack) flushes the claim's WAL with its own.
-pub fn lease_pool(options: PgConnectOptions, settings: &Settings) -> PgPool {
-    pool(options.options([("synchronous_commit", "off")]), settings)
+pub fn lease_pool(primary: &Arc<Primary>, settings: &Settings) -> PgPool {
+    let options = primary.options().options([("synchronous_commit", "off")]);
+    tracked(
+        primary,
+        pool_options(primary)
+            .max_connections(settings.db_pool_size)
+            .acquire_timeout(settings.connect_timeout.max(Duration::from_millis(500)))
+            .connect_lazy_with(options),
+    )
 }
 
 /// The pool of the heavy admin reads (`/api/v1/resources/*`, `/api/v1/messages`, the DLQ and
@@ -98,22 +128,45 @@ pub fn lease_pool(options: PgConnectOptions, settings: &Settings) -> PgPool {
 /// `QUEEN_ADMIN_STATEMENT_TIMEOUT_MS`. Reads that pile up wait here (and get 503 when they wait
 /// too long), so they can never take the shared pool's connections from `/health`, the
 /// write path or the background work.
-pub fn admin_pool(options: PgConnectOptions, settings: &Settings) -> PgPool {
+pub fn admin_pool(primary: &Arc<Primary>, settings: &Settings) -> PgPool {
     let timeout = settings.admin_statement_timeout.as_millis().to_string();
-    PgPoolOptions::new()
-        .max_connections(settings.admin_pool_size.max(1))
-        .acquire_timeout(
-            settings
-                .admin_statement_timeout
-                .max(Duration::from_millis(500)),
-        )
-        .connect_lazy_with(options.options([("statement_timeout", timeout)]))
+    tracked(
+        primary,
+        pool_options(primary)
+            .max_connections(settings.admin_pool_size.max(1))
+            .acquire_timeout(
+                settings
+                    .admin_statement_timeout
+                    .max(Duration::from_millis(500)),
+            )
+            .connect_lazy_with(primary.options().options([("statement_timeout", timeout)])),
+    )
 }
 
 /// The shared pool (health, admin and background work); committers have their own connections.
-pub fn pool(options: PgConnectOptions, settings: &Settings) -> PgPool {
-    PgPoolOptions::new()
-        .max_connections(settings.db_pool_size)
-        .acquire_timeout(settings.connect_timeout.max(Duration::from_millis(500)))
-        .connect_lazy_with(options)
+pub fn pool(primary: &Arc<Primary>, settings: &Settings) -> PgPool {
+    tracked(
+        primary,
+        pool_options(primary)
+            .max_connections(settings.db_pool_size)
+            .acquire_timeout(settings.connect_timeout.max(Duration::from_millis(500)))
+            .connect_lazy_with(primary.options()),
+    )
+}
+
+/// Pool options that drop a connection opened before the last primary switch instead of
+/// handing it out (it may be on the old host, read-only or gone).
+fn pool_options(primary: &Arc<Primary>) -> PgPoolOptions {
+    // Only the switch time, never the `Primary` (which holds the pool: a cycle).
+    let mark = primary.switch_mark();
+    PgPoolOptions::new().before_acquire(move |_conn, meta| {
+        let fresh = !mark.opened_before_switch(meta.age);
+        Box::pin(async move { Ok(fresh) })
+    })
+}
+
+/// Registers `pool` with `primary`, so its connect options follow a switch.
+fn tracked(primary: &Arc<Primary>, pool: PgPool) -> PgPool {
+    primary.track(&pool);
+    pool
 }

@@ -47,4 +47,5 @@ mod spool_faults;
 mod status_routes;
 mod storage_errors;
 mod support;
+mod switchover;
 mod transaction_basic;

@@ -1,6 +1,7 @@
 //! The one "is PostgreSQL away?" rule (`StorageError::is_unreachable`) against real errors from
 //! a real PostgreSQL: connection refused, a backend terminated by an administrator, a cluster
-//! stopped with a fast shutdown, a statement timeout, and statements that simply fail. Each
+//! stopped with a fast shutdown, a statement timeout, a write on a read-only host (SQLSTATE
+//! 25006, as during a primary switchover), and statements that simply fail. Each
 //! case also checks the two places that act on the answer: the commit path
 //! (`storage::commit::classify`: unreachable → the actors spool) and the HTTP edge
 //! (`ApiError::Database`: unreachable → 503, else 500).
@@ -109,6 +110,28 @@ async fn a_statement_timeout_is_unreachable() {
     assert!(matches!(commit::classify(e), StoreError::Unavailable(_)));
     // The connection itself is fine afterwards.
     assert!(system::round_trip(&mut conn).await.expect("round trip"));
+}
+
+#[actix_web::test]
+async fn a_write_on_a_read_only_host_is_unreachable_not_refused() {
+    // What a primary made read-only (or a standby) answers during a switchover: SQLSTATE
+    // 25006. The pushes must be spooled and replayed on the new primary, never quarantined.
+    let db = crate::support::fresh_db().await;
+    let mut conn = db.conn().await;
+    sqlx::query("SET default_transaction_read_only = on")
+        .execute(&mut conn)
+        .await
+        .expect("set");
+    let e = failing(&mut conn, "CREATE TABLE queen.never (x int)").await;
+    assert_eq!(e.sqlstate().as_deref(), Some("25006"));
+    assert!(!e.is_refused_value(), "the data is not at fault");
+    assert_classified(e, true);
+    let e = failing(
+        &mut conn,
+        "SELECT id FROM queen.partitions ORDER BY id FOR UPDATE",
+    )
+    .await;
+    assert!(matches!(commit::classify(e), StoreError::Unavailable(_)));
 }
 
 #[actix_web::test]

@@ -1,6 +1,7 @@
 //! Test support: one throwaway PostgreSQL cluster for the whole test binary (or
 //! `QUEEN_TEST_DATABASE_URL`), a database per test cloned from a migrated template, and the
-//! broker on 127.0.0.1:0. `auth`, `consuming` and `proxy` hold the helpers of those areas.
+//! broker on 127.0.0.1:0. `auth`, `consuming` and `proxy` hold the helpers of those areas;
+//! `replica` makes a primary with a streaming standby for the switchover tests.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 pub mod auth;
 pub mod consuming;
 pub mod proxy;
+pub mod replica;
 
 use queen_broker::app::{self, Broker};
 use queen_broker::pg::PrivateCluster;
