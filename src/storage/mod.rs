@@ -112,11 +112,17 @@ pub fn connect_options(url: &str, settings: &Settings) -> Result<PgConnectOption
 /// means the lease was never taken: its messages are handed out again, as after a lease
 /// expiry. Anything that must survive a crash — acks, autoAck pops, pushes — never runs here;
 /// and a later durable commit (the ack) flushes the claim's WAL with its own.
+///
+/// Unlike the shared pool it does not ping a connection before handing it out (sqlx's
+/// `test_before_acquire`): that was one more round trip to PostgreSQL for every pop. A
+/// connection that died meanwhile fails its statement instead, sqlx drops it, and the pop
+/// answers as for any unreachable moment (503, which clients retry).
 pub fn lease_pool(primary: &Arc<Primary>, settings: &Settings) -> PgPool {
     let options = primary.options().options([("synchronous_commit", "off")]);
     tracked(
         primary,
         pool_options(primary)
+            .test_before_acquire(false)
             .max_connections(settings.db_pool_size)
             .acquire_timeout(settings.connect_timeout.max(Duration::from_millis(500)))
             .connect_lazy_with(options),
@@ -143,7 +149,9 @@ pub fn admin_pool(primary: &Arc<Primary>, settings: &Settings) -> PgPool {
     )
 }
 
-/// The shared pool (health, admin and background work); committers have their own connections.
+/// The shared pool (health, acks, admin and background work); committers have their own
+/// connections. It checks a connection before handing it out (sqlx's `test_before_acquire`),
+/// so `/health` never reports a connection that died during an outage as PostgreSQL away.
 pub fn pool(primary: &Arc<Primary>, settings: &Settings) -> PgPool {
     tracked(
         primary,
