@@ -1,7 +1,7 @@
 //! The broker's own chaos run. Three real broker processes on one database (their own durable
 //! PostgreSQL cluster, each broker reaching it through its own TCP proxy); producers with
-//! deterministic transactionIds that retry every batch until all of it is accepted; one acking
-//! consumer that pops from the brokers in turn. While they work, faults are injected in turn:
+//! deterministic transactionIds that retry every batch until all of it is accepted; acking
+//! consumers (one per broker to start with) that pop from the brokers in turn. While they work, faults are injected in turn:
 //!
 //! - every broker connection terminated (`pg_terminate_backend`);
 //! - maintenance mode on and off again;
@@ -313,11 +313,17 @@ async fn produce(
     }
 }
 
-/// Pops and acks (one batch at a time, so a delivery seen after an ack's success really came
-/// after it) until every message is acked or `deadline` passes.
+/// Pops and acks, one batch at a time, until every message is consumed or `deadline` passes
+/// (pushed on by two minutes at each ack once production is over). Several consumers run at
+/// once: an ack naming its lease succeeds only while that lease is live, when no other
+/// consumer can hold the message, so a delivery seen after an ack's success came after it.
 /// An ack whose answer was lost and whose retry is refused (`Invalid or expired lease`: the
 /// first attempt had released it) has an unknown outcome; so the consumer stops once
 /// PostgreSQL says every stored message is consumed, not on its own count.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the run's shared cells, each named"
+)]
 async fn consume(
     http: Http,
     bases: Vec<String>,
@@ -326,8 +332,9 @@ async fn consume(
     producing: Rc<Cell<bool>>,
     deadline: Rc<Cell<Instant>>,
     tally: Rc<Tally>,
+    first: usize,
 ) {
-    let mut turn = 0usize;
+    let mut turn = first;
     while Instant::now() < deadline.get() {
         turn += 1;
         let base = &bases[turn % bases.len()];
@@ -376,6 +383,10 @@ async fn consume(
                         if !acked[p][s] {
                             acked[p][s] = true;
                             tally.acked_count.set(tally.acked_count.get() + 1);
+                            if !producing.get() {
+                                let later = Instant::now() + Duration::from_secs(120);
+                                deadline.set(deadline.get().max(later));
+                            }
                         }
                     }
                 }
@@ -641,15 +652,20 @@ async fn chaos_nothing_lost_nothing_twice_order_kept() {
         tally.clone(),
     ));
     let far = Rc::new(Cell::new(started + Duration::from_secs(365 * 24 * 3600)));
-    let consumer = actix_web::rt::spawn(consume(
-        http.clone(),
-        bases.clone(),
-        db.url.clone(),
-        total,
-        producing.clone(),
-        far.clone(),
-        tally.clone(),
-    ));
+    let consumers: Vec<_> = (0..BROKERS)
+        .map(|first| {
+            actix_web::rt::spawn(consume(
+                http.clone(),
+                bases.clone(),
+                db.url.clone(),
+                total,
+                producing.clone(),
+                far.clone(),
+                tally.clone(),
+                first,
+            ))
+        })
+        .collect();
     let producers: Vec<_> = (0..size.partitions)
         .map(|p| {
             let broker = p % BROKERS;
@@ -670,10 +686,12 @@ async fn chaos_nothing_lost_nothing_twice_order_kept() {
     let produced_in = started.elapsed();
     producing.set(false);
     faults.await.unwrap();
-    // Faults over: maintenance off for good; the consumer gets two minutes more to finish.
+    // Faults over: maintenance off for good; the consumers go on while they make progress.
     maintenance(&http, &world, false).await;
     far.set(Instant::now() + Duration::from_secs(120));
-    consumer.await.unwrap();
+    for c in consumers {
+        c.await.unwrap();
+    }
     // Every spool drained before PostgreSQL is read.
     let deadline = Instant::now() + Duration::from_secs(60);
     for base in &bases {
