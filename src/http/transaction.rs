@@ -50,7 +50,12 @@ struct TraceOnly {
 }
 
 /// Parses the body; every push item is stamped with `producer_sub` (the caller's `sub`).
-fn parse(bytes: &[u8], producer_sub: Option<&str>) -> Result<Request, ApiError> {
+/// Public for the fuzz target `ack_transaction_body` (fuzz/).
+///
+/// # Errors
+///
+/// [`ApiError::BadRequest`] naming the operation and the broken rule.
+pub fn parse(bytes: &[u8], producer_sub: Option<&str>) -> Result<Request, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::BadRequest("Empty request body".into()));
     }

@@ -18,6 +18,7 @@ mod consume_live;
 mod crash_spool;
 mod dashboard_routes;
 mod encryption;
+mod fuzz_corpus;
 mod groups_basic;
 mod hostile_input;
 mod lease_basic;

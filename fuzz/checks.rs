@@ -1,0 +1,188 @@
+//! The checks of the fuzz targets, one function per target: the cargo-fuzz targets
+//! (`fuzz_targets/`, nightly) call them on libFuzzer's inputs, and the stable test
+//! `tests/it/fuzz_corpus.rs` runs them on the committed corpus (`corpus/<target>/`), so every
+//! input a fuzzing run kept is checked by the default `cargo test` too.
+
+use broker_actors::codec;
+use broker_actors::spool::record;
+use broker_actors::Item;
+use broker_actors::PartitionKey;
+use queen_broker::http::transaction::parse;
+use queen_broker::protocol::ack::{group_of, json_body, parse_ack};
+use queen_broker::protocol::push::{mint, parse_push_body, push_item_count};
+use queen_broker::storage::acks::Ack;
+use queen_broker::storage::frames;
+use serde_json::Value;
+
+/// The push body parser (`POST /api/v1/push`): arbitrary bytes never panic; an accepted body's
+/// items obey the validation rules, the admission count agrees with the parser, and the minted
+/// items survive the spool record and segment frame encodings unchanged.
+pub fn push_body(data: &[u8]) {
+    let count = push_item_count(data);
+    let Ok(mut parsed) = parse_push_body(data) else {
+        return;
+    };
+    assert_eq!(
+        count,
+        parsed.len(),
+        "admission counts what the parser accepts"
+    );
+    for p in &parsed {
+        for name in [&p.queue, &p.partition] {
+            assert!(!name.is_empty() && !name.contains('\0'));
+            assert!(name.chars().count() <= 255);
+        }
+        if let Some(t) = &p.transaction_id {
+            assert!(!t.is_empty() && !t.contains('\0') && t.chars().count() <= 255);
+        }
+        serde_json::from_str::<serde::de::IgnoredAny>(&p.payload).expect("payload is JSON");
+    }
+    let items = mint(&mut parsed, Some("fuzz"));
+    let mut spooled = Vec::new();
+    for (p, item) in parsed.iter().zip(&items) {
+        record::encode(
+            &PartitionKey::new(&p.queue, &p.partition),
+            item,
+            &mut spooled,
+        );
+    }
+    let (records, damage) = record::decode_all(&spooled);
+    assert!(damage.is_empty());
+    assert_eq!(records.len(), items.len());
+    for (r, (p, item)) in records.iter().zip(parsed.iter().zip(&items)) {
+        assert_eq!(&r.item, item);
+        assert_eq!(
+            (&*r.key.queue, &*r.key.partition),
+            (p.queue.as_str(), p.partition.as_str())
+        );
+    }
+    let segment = frames::encode(items.iter());
+    let decoded = frames::decode(&segment).expect("own segment decodes");
+    assert_eq!(decoded.len(), items.len());
+    for (f, item) in decoded.iter().zip(&items) {
+        assert_eq!(f.id, item.message_id);
+        assert_eq!(f.transaction_id, item.transaction_id);
+        assert_eq!(f.payload, &*item.payload);
+    }
+}
+
+fn check_ack(a: &Ack) {
+    for text in [
+        Some(&a.transaction_id),
+        Some(&a.group),
+        a.lease_id.as_ref(),
+        a.error.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        assert!(
+            !text.contains('\0'),
+            "accepted ack text holds a NUL: {text:?}"
+        );
+    }
+    assert!(a.group.chars().count() <= 255);
+}
+
+/// The ack bodies (`/ack`, `/ack/batch`, parsed as their routes parse them) and the
+/// `/transaction` body: arbitrary bytes never panic, and whatever is accepted holds no value
+/// PostgreSQL would refuse (a NUL) and no name over 255 characters.
+pub fn ack_transaction_body(data: &[u8]) {
+    // `/ack`: one object.
+    if let Ok(v) = json_body(data, false) {
+        if let Ok(a) = parse_ack(&v, 0, group_of(&v), "txn", "partition") {
+            check_ack(&a);
+        }
+        // `/ack/batch`: the top-level group applies to every item.
+        if let Some(items) = v.get("acknowledgments").and_then(Value::as_array) {
+            let group = group_of(&v);
+            for (i, item) in items.iter().enumerate() {
+                if let Ok(a) = parse_ack(item, i, group.clone(), "txn", "partition") {
+                    check_ack(&a);
+                }
+            }
+        }
+    }
+    // `/transaction`.
+    if let Ok(plan) = parse(data, Some("fuzz")) {
+        assert_eq!(plan.results, plan.pushes.len() + plan.acks.len());
+        for push in &plan.pushes {
+            for name in [&*push.key.queue, &*push.key.partition] {
+                assert!(!name.is_empty() && !name.contains('\0') && name.chars().count() <= 255);
+            }
+            assert!(!push.item.transaction_id.contains('\0'));
+            if let Some(t) = &push.item.trace_id {
+                assert!(!t.contains('\0') && t.chars().count() <= 255);
+            }
+            assert!(push.result < plan.results);
+        }
+        for a in &plan.acks {
+            check_ack(a);
+            assert!(a.index < plan.results);
+        }
+    }
+}
+
+/// The spool record decoder: arbitrary file contents never panic; every damaged stretch is
+/// reported and skipped (offsets inside the file, in order, never overlapping a record), and
+/// every record it returns encodes back to bytes that decode to the same record.
+pub fn spool_record(data: &[u8]) {
+    let (records, damage) = record::decode_all(data);
+    let mut last_end = 0;
+    for d in &damage {
+        assert!(d.at >= last_end && d.skipped > 0 && d.at + d.skipped <= data.len());
+        last_end = d.at + d.skipped;
+    }
+    let mut again = Vec::new();
+    for r in &records {
+        record::encode(&r.key, &r.item, &mut again);
+    }
+    let (back, no_damage) = record::decode_all(&again);
+    assert!(no_damage.is_empty());
+    assert_eq!(back, records);
+    // Reading in steps (as replay does) finds the same records.
+    let (mut stepped, mut at) = (Vec::new(), 0);
+    loop {
+        let (some, _, next) = record::decode_some(data, at, 3);
+        assert!(next >= at && next <= data.len());
+        let got = some.len();
+        stepped.extend(some);
+        if next == data.len() || got == 0 {
+            break;
+        }
+        at = next;
+    }
+    assert_eq!(stepped, records);
+}
+
+/// The segment frame decoder (the `frames` column): arbitrary bytes never panic, and a segment
+/// that decodes is exactly the encoding of what it decoded to (the format is canonical).
+pub fn segment_frames(data: &[u8]) {
+    let Ok(decoded) = frames::decode(data) else {
+        return;
+    };
+    let items: Vec<Item> = decoded
+        .iter()
+        .map(|f| Item {
+            message_id: f.id,
+            transaction_id: f.transaction_id.to_string(),
+            payload: f.payload.into(),
+            producer_sub: f.producer_sub.map(str::to_string),
+            trace_id: f.trace_id.map(str::to_string),
+            arrived_at_micros: f.created_at_micros,
+        })
+        .collect();
+    let mut again = vec![data[0]];
+    for item in &items {
+        assert_eq!(codec::item_len(item), {
+            let mut one = Vec::new();
+            codec::put_item(&mut one, item);
+            one.len()
+        });
+        codec::put_item(&mut again, item);
+    }
+    assert_eq!(again, data, "decode then encode gives the same bytes");
+    if data[0] == 1 {
+        assert_eq!(frames::encode(items.iter()), data);
+    }
+}
