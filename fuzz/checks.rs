@@ -8,7 +8,7 @@ use broker_actors::spool::record;
 use broker_actors::Item;
 use broker_actors::PartitionKey;
 use queen_broker::http::transaction::parse;
-use queen_broker::protocol::ack::{group_of, json_body, parse_ack};
+use queen_broker::protocol::ack::{group_of, json_body, parse_ack, WireAck};
 use queen_broker::protocol::push::{mint, parse_push_body, push_item_count};
 use queen_broker::storage::acks::Ack;
 use queen_broker::storage::frames;
@@ -88,8 +88,30 @@ fn check_ack(a: &Ack) {
 /// `/transaction` body: arbitrary bytes never panic, and whatever is accepted holds no value
 /// PostgreSQL would refuse (a NUL) and no name over 255 characters.
 pub fn ack_transaction_body(data: &[u8]) {
+    // The `/ack` and `/ack/batch` routes read their body without a JSON tree (`WireAck`): it
+    // must accept exactly what the tree accepts and read the same acks from it.
+    let tree = json_body(data, false);
+    let wire = WireAck::read(data);
+    assert_eq!(tree.is_ok(), wire.is_ok(), "tree {tree:?} vs wire {wire:?}");
+    if let (Ok(v), Ok(w)) = (&tree, &wire) {
+        let one = |r: Result<Ack, _>| format!("{r:?}");
+        assert_eq!(
+            one(parse_ack(v, 0, group_of(v), "txn", "partition")),
+            one(w.to_ack(0, w.group(), "txn", "partition"))
+        );
+        let items = v.get("acknowledgments").and_then(Value::as_array);
+        assert_eq!(items.map(Vec::len), w.items().map(<[_]>::len));
+        if let (Some(items), Some(wired)) = (items, w.items()) {
+            for (i, (item, wired)) in items.iter().zip(wired).enumerate() {
+                assert_eq!(
+                    one(parse_ack(item, i, group_of(v), "txn", "partition")),
+                    one(wired.to_ack(i, w.group(), "txn", "partition"))
+                );
+            }
+        }
+    }
     // `/ack`: one object.
-    if let Ok(v) = json_body(data, false) {
+    if let Ok(v) = tree {
         if let Ok(a) = parse_ack(&v, 0, group_of(&v), "txn", "partition") {
             check_ack(&a);
         }
