@@ -499,7 +499,7 @@ fn the_token_comes_from_queen_token_and_roles_are_enforced() {
         jsonwebtoken::encode(
             &jsonwebtoken::Header::default(),
             &json!({"sub": "cli", "role": role, "exp": jsonwebtoken::get_current_timestamp() + 600}),
-            &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()),
+            &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
         )
         .unwrap()
     };
