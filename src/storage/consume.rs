@@ -34,6 +34,9 @@ pub const QUEUE_MODE: &str = "__QUEUE_MODE__";
 /// the first few, and every row read costs a join with the group's state.
 const SCAN_CHUNK: i64 = 64;
 
+/// How often a long write-order walk (a new group over a long history) records how far it got.
+const WALK_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Concurrent queue-level pops start at different ones of this many oldest candidates.
 const SPREAD: usize = 16;
 
@@ -791,6 +794,7 @@ impl Collect<'_, '_> {
         let mut cursor = self.sub.scan;
         // Where the watermark stands (this pop may move it on the way).
         let mut floor = self.sub.scan;
+        let mut walking = std::time::Instant::now();
         let mut first_unpassed: Option<(i64, i64)> = None;
         let mut last_seen: Option<(i64, i64)> = None;
         // The oldest xmin of the chunks' snapshots (they only grow).
@@ -856,14 +860,16 @@ impl Collect<'_, '_> {
             }
             // A long walk (a new group over a long history) records its progress as it goes:
             // a pop that runs out of time must not leave the next one to start over.
-            if first_unpassed.is_none() {
-                self.advance_watermark(conn, cursor, xmin, &mut floor)
+            if first_unpassed.is_none() && walking.elapsed() >= WALK_PROGRESS_EVERY {
+                self.advance_watermark(conn, cursor, xmin, &mut floor, true)
                     .await?;
+                walking = std::time::Instant::now();
             }
         }
         let watermark = first_unpassed.or(last_seen.map(|(xid, id)| (xid, id + 1)));
         if let Some(w) = watermark {
-            self.advance_watermark(conn, w, xmin, &mut floor).await?;
+            self.advance_watermark(conn, w, xmin, &mut floor, false)
+                .await?;
         }
         Ok(())
     }
@@ -872,13 +878,15 @@ impl Collect<'_, '_> {
     /// was still running when the scan looked has an id at or above the snapshot's xmin and
     /// may yet commit a write the scan could not see, and the first row the scan could not
     /// pass may lie far above such a write. At most once per [`crate::storage::cache::
-    /// WATERMARK_EVERY`] per broker and group.
+    /// WATERMARK_EVERY`] per broker and group, unless `progress` (a long walk recording how
+    /// far it got, every [`WALK_PROGRESS_EVERY`]).
     async fn advance_watermark(
         &self,
         conn: &mut PgConnection,
         w: (i64, i64),
         xmin: Option<i64>,
         floor: &mut (i64, i64),
+        progress: bool,
     ) -> Result<(), StorageError> {
         let Some(xmin) = xmin else {
             return Ok(());
@@ -887,7 +895,7 @@ impl Collect<'_, '_> {
         if w <= *floor {
             return Ok(());
         }
-        if self.req.cache.watermark_due(self.queue.id, self.req.group) {
+        if progress || self.req.cache.watermark_due(self.queue.id, self.req.group) {
             // Every pop of the group would move this one row: a pop that finds it being
             // moved leaves it to that one (the watermark only saves scanning), and each broker
             // moves it at most every few milliseconds.

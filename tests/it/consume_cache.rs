@@ -9,16 +9,6 @@ use crate::support::consuming::*;
 use crate::support::{fresh_db, spawn_app, spawn_app_with, test_settings, TestApp, TestDb};
 use serde_json::{json, Value};
 
-/// The partition database id of (queue `q`, partition `name`).
-async fn partition_id(db: &TestDb, name: &str) -> i64 {
-    let mut conn = db.conn().await;
-    sqlx::query_scalar("SELECT id FROM queen.partitions WHERE name = $1")
-        .bind(name)
-        .fetch_one(&mut conn)
-        .await
-        .expect("partition row")
-}
-
 #[actix_web::test]
 async fn a_segment_removed_by_retention_is_not_served_from_the_cache() {
     let db = fresh_db().await;

@@ -5,18 +5,9 @@
 //! finished last lost its partitions' messages behind the watermark.)
 
 use crate::support::consuming::*;
-use crate::support::{fresh_db, spawn_app, TestDb};
+use crate::support::{fresh_db, spawn_app};
 use broker_actors::Item;
 use queen_broker::storage::frames;
-
-async fn partition_id(db: &TestDb, name: &str) -> i64 {
-    let mut conn = db.conn().await;
-    sqlx::query_scalar("SELECT id FROM queen.partitions WHERE name = $1")
-        .bind(name)
-        .fetch_one(&mut conn)
-        .await
-        .expect("partition row")
-}
 
 #[actix_web::test]
 async fn a_commit_that_started_before_the_scan_and_ends_after_it_is_not_passed() {

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::support::{Reply, TestApp};
+use crate::support::{Reply, TestApp, TestDb};
 
 /// A raw HTTP answer: status and body bytes.
 pub struct Raw {
@@ -148,4 +148,14 @@ pub async fn delete(app: &TestApp, path: &str) -> Reply {
         body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
         headers: res.headers().clone(),
     }
+}
+
+/// The database id of the partition named `name` (names are unique within these tests).
+pub async fn partition_id(db: &TestDb, name: &str) -> i64 {
+    let mut conn = db.conn().await;
+    sqlx::query_scalar("SELECT id FROM queen.partitions WHERE name = $1")
+        .bind(name)
+        .fetch_one(&mut conn)
+        .await
+        .expect("partition row")
 }
