@@ -85,9 +85,9 @@ pub struct SegmentCache {
     /// Queue-level pops of each (queue id, group) running on this broker right now.
     running: Arc<Mutex<HashMap<(i64, String), usize>>>,
     /// When this broker last moved each (queue id, group)'s scan watermark.
-    watermarks: Mutex<HashMap<(i64, String), std::time::Instant>>,
+    watermarks: Every<(i64, String)>,
     /// When this broker last ran the full pop of each (queue name, group).
-    full_scans: Mutex<HashMap<(String, String), std::time::Instant>>,
+    full_scans: Every<(String, String)>,
     inner: Mutex<Inner>,
     leases: Mutex<Leases>,
 }
@@ -98,8 +98,8 @@ impl SegmentCache {
         Self {
             capacity,
             running: Arc::default(),
-            watermarks: Mutex::new(HashMap::new()),
-            full_scans: Mutex::new(HashMap::new()),
+            watermarks: Every::default(),
+            full_scans: Every::default(),
             inner: Mutex::new(Inner::default()),
             leases: Mutex::new(Leases::default()),
         }
@@ -271,38 +271,15 @@ impl SegmentCache {
     /// Whether this broker may move the scan watermark of `(queue_id, group)` now: at most
     /// once per [`WATERMARK_EVERY`]. Saying yes records the move.
     pub fn watermark_due(&self, queue_id: i64, group: &str) -> bool {
-        let now = std::time::Instant::now();
-        let mut marks = self.watermarks.lock().expect("watermark lock poisoned");
-        match marks.get_mut(&(queue_id, group.to_string())) {
-            Some(at) if now.duration_since(*at) < WATERMARK_EVERY => false,
-            Some(at) => {
-                *at = now;
-                true
-            }
-            None => {
-                marks.insert((queue_id, group.to_string()), now);
-                true
-            }
-        }
+        self.watermarks
+            .due((queue_id, group.to_string()), WATERMARK_EVERY)
     }
 
     /// Whether this queue-level pop of `(queue, group)` should run the full pop: at most once
     /// per [`FULL_SCAN_EVERY`] per broker, the first time included. Saying yes records it.
     pub fn full_scan_due(&self, queue: &str, group: &str) -> bool {
-        let now = std::time::Instant::now();
-        let mut scans = self.full_scans.lock().expect("full scan lock poisoned");
-        if let Some(at) = scans.get_mut(&(queue.to_string(), group.to_string())) {
-            if now.duration_since(*at) < FULL_SCAN_EVERY {
-                return false;
-            }
-            *at = now;
-            return true;
-        }
-        if scans.len() >= MAX_LEASES {
-            scans.clear();
-        }
-        scans.insert((queue.to_string(), group.to_string()), now);
-        true
+        self.full_scans
+            .due((queue.to_string(), group.to_string()), FULL_SCAN_EVERY)
     }
 
     /// Bytes held (frames plus bookkeeping).
@@ -311,6 +288,37 @@ impl SegmentCache {
             .lock()
             .expect("segment cache lock poisoned")
             .bytes
+    }
+}
+
+/// Per key, when something was last done: says yes at most once per interval (the first time
+/// included) and records the yes. Keys are (queue, group) pairs; past [`MAX_LEASES`] of them
+/// the record starts over.
+#[derive(Debug)]
+struct Every<K>(Mutex<HashMap<K, std::time::Instant>>);
+
+impl<K> Default for Every<K> {
+    fn default() -> Self {
+        Self(Mutex::new(HashMap::new()))
+    }
+}
+
+impl<K: std::hash::Hash + Eq> Every<K> {
+    fn due(&self, key: K, every: std::time::Duration) -> bool {
+        let now = std::time::Instant::now();
+        let mut last = self.0.lock().expect("rate gate lock poisoned");
+        if let Some(at) = last.get_mut(&key) {
+            if now.duration_since(*at) < every {
+                return false;
+            }
+            *at = now;
+            return true;
+        }
+        if last.len() >= MAX_LEASES {
+            last.clear();
+        }
+        last.insert(key, now);
+        true
     }
 }
 

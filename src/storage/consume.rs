@@ -1060,7 +1060,6 @@ impl Collect<'_, '_> {
             deleted,
             mut segments,
         } = claim;
-        let group = self.req.group;
 
         let want = (self.remaining as i64).min(next_offset - committed).max(0);
         // What the claim recorded as leased (the insert records no range).
@@ -1118,23 +1117,7 @@ impl Collect<'_, '_> {
             // Every counted message was deleted: the group moves past them (nobody may ack a
             // message it was never handed), and the pop goes on elsewhere.
             let end = first + count as i64;
-            sqlx::query(
-                "UPDATE queen.partition_consumers
-                    SET committed_offset = GREATEST(committed_offset, $4),
-                        lease_expires_at = NULL,
-                        attention_at = CASE
-                            WHEN $4 < (SELECT next_offset FROM queen.partitions WHERE id = $1)
-                                THEN now()
-                            ELSE NULL
-                        END
-                  WHERE partition_id = $1 AND consumer_group = $2 AND lease_id = $3",
-            )
-            .bind(partition_id)
-            .bind(group)
-            .bind(self.lease_id)
-            .bind(end)
-            .execute(&mut *conn)
-            .await?;
+            self.release_empty(conn, partition_id, None, end).await?;
             return Ok(Take::Empty);
         }
         if let Some((a, b)) = shown {
@@ -1143,25 +1126,8 @@ impl Collect<'_, '_> {
         }
 
         if count == 0 {
-            sqlx::query(
-                "UPDATE queen.partition_consumers
-                    SET lease_expires_at = NULL,
-                        attention_at = CASE
-                            WHEN $4::timestamptz IS NOT NULL THEN $4
-                            WHEN committed_offset < (SELECT next_offset
-                                                       FROM queen.partitions
-                                                      WHERE id = $1)
-                                THEN now() + interval '1 second'
-                            ELSE NULL
-                        END
-                  WHERE partition_id = $1 AND consumer_group = $2 AND lease_id = $3",
-            )
-            .bind(partition_id)
-            .bind(group)
-            .bind(self.lease_id)
-            .bind(visible_at)
-            .execute(&mut *conn)
-            .await?;
+            self.release_empty(conn, partition_id, visible_at, committed)
+                .await?;
             return Ok(Take::Empty);
         }
 
@@ -1185,6 +1151,42 @@ impl Collect<'_, '_> {
             segments,
         });
         Ok(Take::Taken)
+    }
+
+    /// Ends a claim that hands nothing out. `skip_to` moves the cursor (a range of deleted
+    /// messages: nobody may ack what was never handed out); then the row asks for attention
+    /// at `visible_at` (a delayed message), or at once after a skip, or in a second when
+    /// messages are left (retention or a delay being decided elsewhere), else not at all.
+    async fn release_empty(
+        &self,
+        conn: &mut PgConnection,
+        partition_id: i64,
+        visible_at: Option<DateTime<Utc>>,
+        skip_to: i64,
+    ) -> Result<(), StorageError> {
+        sqlx::query(
+            "UPDATE queen.partition_consumers
+                SET committed_offset = GREATEST(committed_offset, $5),
+                    lease_expires_at = NULL,
+                    attention_at = CASE
+                        WHEN $4::timestamptz IS NOT NULL THEN $4
+                        WHEN GREATEST(committed_offset, $5) < (SELECT next_offset
+                                                                 FROM queen.partitions
+                                                                WHERE id = $1)
+                            THEN CASE WHEN $5 > committed_offset THEN now()
+                                      ELSE now() + interval '1 second' END
+                        ELSE NULL
+                    END
+              WHERE partition_id = $1 AND consumer_group = $2 AND lease_id = $3",
+        )
+        .bind(partition_id)
+        .bind(self.req.group)
+        .bind(self.lease_id)
+        .bind(visible_at)
+        .bind(skip_to)
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
     }
 
     /// Records the range actually handed out (or, with autoAck, commits it), when it is not

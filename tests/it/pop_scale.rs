@@ -6,7 +6,7 @@
 //! deadline at that size (see the test).
 
 use crate::support::consuming::*;
-use crate::support::{fresh_db, spawn_app};
+use crate::support::{fresh_db, spawn_app, TestDb};
 use queen_broker::storage::consume::{QUEUE_MODE, READY_SQL, SCAN_SQL};
 use serde_json::Value;
 
@@ -17,6 +17,21 @@ fn partitions() -> i64 {
         .and_then(|v| v.parse().ok())
         .filter(|n| *n > 100_000)
         .unwrap_or(100_000)
+}
+
+/// Queue `wide` with [`partitions`] partitions of one message each, written once long ago
+/// (write marker xid 1).
+async fn wide_queue(db: &TestDb) {
+    db.exec("INSERT INTO queen.queues (name) VALUES ('wide')")
+        .await;
+    db.exec(&format!(
+        "INSERT INTO queen.partitions (queue_id, name, next_offset, last_write_xid, last_write_at)
+         SELECT q.id, 'p-' || g, 1, 1, now() - interval '1 hour'
+           FROM queen.queues q, generate_series(0, {}) g
+          WHERE q.name = 'wide'",
+        partitions() - 1
+    ))
+    .await;
 }
 
 /// Finds every node of a JSON plan.
@@ -34,16 +49,7 @@ async fn a_queue_pop_among_100_000_consumed_partitions_reads_only_what_was_writt
     let db = fresh_db().await;
     let app = spawn_app(&db).await;
     // 100 000 partitions, each written once long ago and fully consumed by queue mode.
-    db.exec("INSERT INTO queen.queues (name) VALUES ('wide')")
-        .await;
-    db.exec(&format!(
-        "INSERT INTO queen.partitions (queue_id, name, next_offset, last_write_xid, last_write_at)
-         SELECT q.id, 'p-' || g, 1, 1, now() - interval '1 hour'
-           FROM queen.queues q, generate_series(0, {}) g
-          WHERE q.name = 'wide'",
-        partitions() - 1
-    ))
-    .await;
+    wide_queue(&db).await;
     db.exec(
         "INSERT INTO queen.partition_consumers (partition_id, consumer_group, queue_id, committed_offset)
          SELECT id, '__QUEUE_MODE__', queue_id, 1 FROM queen.partitions",
@@ -115,16 +121,7 @@ async fn a_queue_pop_among_100_000_consumed_partitions_reads_only_what_was_writt
 async fn an_expired_lease_among_100_000_partitions_is_found_through_its_index() {
     let db = fresh_db().await;
     let app = spawn_app(&db).await;
-    db.exec("INSERT INTO queen.queues (name) VALUES ('wide')")
-        .await;
-    db.exec(&format!(
-        "INSERT INTO queen.partitions (queue_id, name, next_offset, last_write_xid, last_write_at)
-         SELECT q.id, 'p-' || g, 1, 1, now() - interval '1 hour'
-           FROM queen.queues q, generate_series(0, {}) g
-          WHERE q.name = 'wide'",
-        partitions() - 1
-    ))
-    .await;
+    wide_queue(&db).await;
     db.exec(
         "INSERT INTO queen.partition_consumers (partition_id, consumer_group, queue_id, committed_offset)
          SELECT id, '__QUEUE_MODE__', queue_id, 1 FROM queen.partitions",
@@ -167,16 +164,7 @@ async fn the_one_statement_pop_reads_a_few_rows_when_100_000_partitions_wait() {
     let app = spawn_app(&db).await;
     // 100 000 partitions of one message each, every one released with that message left
     // behind (a backlog waiting for consumers), at distinct times.
-    db.exec("INSERT INTO queen.queues (name) VALUES ('wide')")
-        .await;
-    db.exec(&format!(
-        "INSERT INTO queen.partitions (queue_id, name, next_offset, last_write_xid, last_write_at)
-         SELECT q.id, 'p-' || g, 1, 1, now() - interval '1 hour'
-           FROM queen.queues q, generate_series(0, {}) g
-          WHERE q.name = 'wide'",
-        partitions() - 1
-    ))
-    .await;
+    wide_queue(&db).await;
     db.exec(
         "INSERT INTO queen.partition_consumers
                 (partition_id, consumer_group, queue_id, committed_offset, attention_at)
