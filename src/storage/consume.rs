@@ -412,27 +412,31 @@ async fn pop_ready(
 /// The columns of [`Candidate`], joined for the group in `$2`; callers add WHERE/ORDER.
 const CANDIDATE_COLUMNS: &str =
     "SELECT p.id, p.uuid, p.name, p.next_offset, p.last_write_at, p.last_write_xid,
-        c.committed_offset AS committed,
-        c.lease_expires_at > now() AS leased,
-        c.leased_to,
+        c.committed, c.leased, c.leased_to,
         now() AS db_now
    FROM queen.partitions p
-   LEFT JOIN queen.partition_consumers c
-     ON c.partition_id = p.id AND c.consumer_group = $2";
+   LEFT JOIN LATERAL (SELECT c.committed_offset AS committed,
+                             c.lease_expires_at > now() AS leased,
+                             c.leased_to
+                        FROM queen.partition_consumers c
+                       WHERE c.partition_id = p.id AND c.consumer_group = $2
+                       LIMIT 1) c ON true";
 
 /// The write-order scan of the queue-level pop: partitions of queue `$1` written at or after
 /// the watermark `($3, $4)`, oldest write first, with the group `$2`'s state, at most `$5`.
 /// Served by the index `partitions_write_order`; public so tests can EXPLAIN it.
 pub const SCAN_SQL: &str =
     "SELECT p.id, p.uuid, p.name, p.next_offset, p.last_write_at, p.last_write_xid,
-        c.committed_offset AS committed,
-        c.lease_expires_at > now() AS leased,
-        c.leased_to,
+        c.committed, c.leased, c.leased_to,
         now() AS db_now,
         (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8) AS xmin
    FROM queen.partitions p
-   LEFT JOIN queen.partition_consumers c
-     ON c.partition_id = p.id AND c.consumer_group = $2
+   LEFT JOIN LATERAL (SELECT c.committed_offset AS committed,
+                             c.lease_expires_at > now() AS leased,
+                             c.leased_to
+                        FROM queen.partition_consumers c
+                       WHERE c.partition_id = p.id AND c.consumer_group = $2
+                       LIMIT 1) c ON true
   WHERE p.queue_id = $1
     AND (p.last_write_xid, p.id) >= ($3, $4)
   ORDER BY p.last_write_xid, p.id
@@ -558,21 +562,26 @@ WITH q AS (
      ORDER BY c.attention_at
      LIMIT 1
        FOR UPDATE OF c SKIP LOCKED
+), recent AS MATERIALIZED (
+    -- The 16 partitions written longest ago since the watermark, read from the write-order
+    -- index once (materialized: never re-read per row of a join, whatever the planner thinks
+    -- of tables it has not analyzed yet).
+    SELECT w.id, w.next_offset
+      FROM queen.partitions w
+     WHERE w.queue_id = (SELECT id FROM q)
+       AND (w.last_write_xid, w.id) >= ((SELECT scan_xid FROM q), (SELECT scan_pid FROM q))
+     ORDER BY w.last_write_xid, w.id
+     LIMIT 16
 ), written AS (
-    -- Partitions written since the watermark: the 16 written longest ago, of which the one
-    -- claimed least recently (a partition written all the time is always among the newest
-    -- writes, so the write order alone would keep it waiting).
+    -- Of those, the one claimed least recently (a partition written all the time is always
+    -- among the newest writes, so the write order alone would keep it waiting); the group's
+    -- rows are probed by primary key, once.
     SELECT c.partition_id, c.consumer_group
       FROM queen.partition_consumers c
-      JOIN (SELECT w.id, w.next_offset
-              FROM queen.partitions w
-             WHERE w.queue_id = (SELECT id FROM q)
-               AND (w.last_write_xid, w.id) >= ((SELECT scan_xid FROM q), (SELECT scan_pid FROM q))
-             ORDER BY w.last_write_xid, w.id
-             LIMIT 16) p ON p.id = c.partition_id
-     WHERE c.consumer_group = $2
+     WHERE c.partition_id = ANY (ARRAY(SELECT r.id FROM recent r))
+       AND c.consumer_group = $2
        AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
-       AND c.committed_offset < p.next_offset
+       AND c.committed_offset < (SELECT r.next_offset FROM recent r WHERE r.id = c.partition_id)
      ORDER BY c.lease_acquired_at NULLS FIRST
      LIMIT 1
        FOR UPDATE OF c SKIP LOCKED

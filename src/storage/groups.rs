@@ -248,9 +248,10 @@ pub async fn delete(
 ) -> Result<(u64, u64), StorageError> {
     let rows = sqlx::query(
         "DELETE FROM queen.partition_consumers c
-          WHERE c.consumer_group = $1
-            AND ($2::text IS NULL
-                 OR c.queue_id = (SELECT id FROM queen.queues WHERE name = $2))",
+          WHERE c.queue_id IN (SELECT q.id
+                                 FROM queen.queues q
+                                WHERE $2::text IS NULL OR q.name = $2)
+            AND c.consumer_group = $1",
     )
     .bind(group)
     .bind(queue)
