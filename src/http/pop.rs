@@ -21,6 +21,7 @@ use crate::http::error::{with_db, ApiError};
 use crate::protocol::time::push_micros_iso;
 use crate::settings::Settings;
 use crate::state::AppState;
+use crate::storage::cache::WOKEN_FULL_POP_EVERY;
 use crate::storage::consume::{self, PopRequest, Popped, SubscriptionStart, QUEUE_MODE};
 use crate::storage::crypto::{self, PayloadKey};
 use crate::storage::StorageError;
@@ -164,6 +165,9 @@ async fn serve(
         Source::Matching(..) => WakeKey::Any,
     };
     let waiter = state.wake.subscribe(key.clone());
+    // A long-poll's first look counts as woken too: if it finds nothing it waits anyway, and
+    // the look after a short wait is a full one.
+    let mut woken = params.wait;
     loop {
         // Enabled before PostgreSQL is read, so a push committing in between still wakes us.
         let notified = waiter.notify().notified();
@@ -194,6 +198,7 @@ async fn serve(
                 start: params.start.clone(),
                 owner: &state.broker_id,
                 cache: &state.cache,
+                woken,
             };
             match &source {
                 Source::Matching(ns, task) => {
@@ -214,9 +219,17 @@ async fn serve(
         if !params.wait || now >= deadline {
             return Ok(HttpResponse::NoContent().finish());
         }
-        // Lease expiry and delayed messages make messages available without a push.
-        let recheck = state.settings.pop_recheck;
-        let _ = tokio::time::timeout((deadline - now).min(recheck), notified).await;
+        // Lease expiry and delayed messages make messages available without a push. A woken
+        // look may have skipped the full pop (see `PopRequest::woken`): unless another wake-up
+        // comes first, the next look is a full one, a moment later.
+        let recheck = if woken {
+            state.settings.pop_recheck.min(2 * WOKEN_FULL_POP_EVERY)
+        } else {
+            state.settings.pop_recheck
+        };
+        woken = tokio::time::timeout((deadline - now).min(recheck), notified)
+            .await
+            .is_ok();
     }
 }
 

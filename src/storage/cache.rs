@@ -45,6 +45,14 @@ pub const WATERMARK_EVERY: std::time::Duration = std::time::Duration::from_milli
 /// one-statement pop, at most (so partitions the group never touched are found under load).
 pub const FULL_SCAN_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// How often one broker lets a woken long-poll of one (queue, group) fall back to the full pop
+/// when the one-statement pop found nothing, at most. A wake-up is only a hint (the partition
+/// it names is often leased by the pop woken before), so most woken pops find nothing, and
+/// the full pop is several statements; one of them every few milliseconds per broker still
+/// finds whatever only the full pop can (it also moves the watermark the one-statement pop
+/// reads from).
+pub const WOKEN_FULL_POP_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Leases remembered at most (oldest forgotten first).
 const MAX_LEASES: usize = 16_384;
 
@@ -88,6 +96,8 @@ pub struct SegmentCache {
     watermarks: Every<(i64, String)>,
     /// When this broker last ran the full pop of each (queue name, group).
     full_scans: Every<(String, String)>,
+    /// When a woken pop of (queue, group) last fell back to the full pop.
+    woken_full_pops: Every<(String, String)>,
     inner: Mutex<Inner>,
     leases: Mutex<Leases>,
 }
@@ -100,6 +110,7 @@ impl SegmentCache {
             running: Arc::default(),
             watermarks: Every::default(),
             full_scans: Every::default(),
+            woken_full_pops: Every::default(),
             inner: Mutex::new(Inner::default()),
             leases: Mutex::new(Leases::default()),
         }
@@ -280,6 +291,14 @@ impl SegmentCache {
     pub fn full_scan_due(&self, queue: &str, group: &str) -> bool {
         self.full_scans
             .due((queue.to_string(), group.to_string()), FULL_SCAN_EVERY)
+    }
+
+    /// Whether a woken long-poll of `(queue, group)` whose one-statement pop found nothing
+    /// should run the full pop: at most once per [`WOKEN_FULL_POP_EVERY`] per broker. Saying
+    /// yes records it.
+    pub fn woken_full_pop_due(&self, queue: &str, group: &str) -> bool {
+        self.woken_full_pops
+            .due((queue.to_string(), group.to_string()), WOKEN_FULL_POP_EVERY)
     }
 
     /// Bytes held (frames plus bookkeeping).

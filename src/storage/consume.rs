@@ -75,6 +75,11 @@ pub struct PopRequest<'a> {
     pub owner: &'a str,
     /// The broker's segment cache.
     pub cache: &'a SegmentCache,
+    /// A long-poll's look that may come back empty while messages only the full pop finds
+    /// wait (the caller looks in full a moment later): when the one-statement pop finds
+    /// nothing, the full pop runs only if this broker has not run one for such a look of the
+    /// group within [`crate::storage::cache::WOKEN_FULL_POP_EVERY`].
+    pub woken: bool,
 }
 
 /// Messages handed out from one partition: offsets `first_offset .. first_offset + count`.
@@ -204,6 +209,9 @@ pub async fn pop(
     if req.partition.is_none() && !written_first {
         if let Some(popped) = pop_ready(conn, req).await? {
             return Ok(Some(popped));
+        }
+        if req.woken && !req.cache.woken_full_pop_due(req.queue, req.group) {
+            return Ok(None);
         }
     }
     let Some((queue, sub)) = open(conn, req.queue, req.group, &req.start).await? else {

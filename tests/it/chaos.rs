@@ -557,7 +557,8 @@ async fn inject(
 #[actix_web::test]
 async fn chaos_nothing_lost_nothing_twice_order_kept() {
     let size = size();
-    let per_partition = size.messages / size.partitions;
+    // At least the count asked for: every partition gets the same share, rounded up.
+    let per_partition = size.messages.div_ceil(size.partitions);
     let total = per_partition * size.partitions;
     let dir = std::env::temp_dir().join(format!("queen-chaos-{}", Uuid::new_v4().simple()));
     // A durable cluster: an immediate stop must not lose a commit PostgreSQL acknowledged.

@@ -4,7 +4,8 @@
 use std::time::{Duration, Instant};
 
 use crate::support::consuming::*;
-use crate::support::{fresh_db, spawn_app, TestApp};
+use crate::support::{fresh_db, spawn_app, spawn_app_with, test_settings, TestApp};
+use queen_broker::storage::consume::QUEUE_MODE;
 use queen_broker::wake::WakeKey;
 
 /// Resolves once `app` has a pop registered for `key` (polled, not slept on: the registration
@@ -113,5 +114,30 @@ async fn a_push_through_another_broker_wakes_the_waiting_pop() {
     assert!(
         late < Duration::from_millis(300),
         "pop answered {late:?} after the push"
+    );
+}
+
+/// A long-poll's look may skip the full pop when this broker ran one for the group a moment
+/// ago (most wake-ups find nothing, and the full pop is several statements); it then looks in
+/// full a moment later. So a partition the group never touched (only the full pop finds
+/// those) is handed out at once, not after the recheck interval.
+#[actix_web::test]
+async fn a_look_that_skipped_the_full_pop_looks_in_full_a_moment_later() {
+    let db = fresh_db().await;
+    let app = spawn_app_with(test_settings(&db, &[("QUEEN_POP_RECHECK_MS", "30000")])).await;
+    push_n(&app, "q", "a", 0, 1).await;
+    let first = pop(&app, "q", "").await;
+    ack_all(&app, &first, "completed", None).await;
+    push_n(&app, "q", "b", 1, 1).await; // a partition the group never touched
+
+    // A full pop for the group has just run on this broker: the next look skips its own.
+    assert!(app.broker.state.cache.woken_full_pop_due("q", QUEUE_MODE));
+    let started = Instant::now();
+    let reply = pop(&app, "q", "wait=true&timeout=20000").await;
+    let took = started.elapsed();
+    assert_eq!(ns(&reply), vec![1]);
+    assert!(
+        took < Duration::from_secs(2),
+        "the untouched partition waited {took:?} (recheck interval 30 s)"
     );
 }
