@@ -130,6 +130,20 @@ pub const REMOVE_SQL: &str = "WITH doomed AS (
 /// Any database error (what was removed before it stays removed).
 pub async fn sweep(pool: &PgPool, batch: i64) -> Result<Removed, StorageError> {
     let mut total = Removed::default();
+    // No queue with a retention or a maximum wait: nothing to walk (the walk goes through
+    // every partition in id order, seconds with a million of them).
+    let any: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1
+                          FROM queen.queues q
+                         WHERE (q.retention_enabled
+                                AND (q.retention_seconds > 0 OR q.completed_retention_seconds > 0))
+                            OR q.max_wait_time_seconds > 0)",
+    )
+    .fetch_one(pool)
+    .await?;
+    if !any {
+        return Ok(total);
+    }
     let mut from = i64::MIN;
     loop {
         let mut conn = pool.acquire().await?;
