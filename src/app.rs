@@ -27,6 +27,10 @@ use crate::storage::hosts::Primary;
 use crate::storage::{self, commit::PgStore};
 use crate::wake::{self, WakeHub};
 
+/// Workers applying grouped fast acks (`storage::ack_group`): while one commits, the next
+/// gathers what arrives meanwhile.
+const ACK_WORKERS: usize = 2;
+
 /// Kept here for the tests that read it through `app` (it lives in [`crate::state`]).
 pub use crate::state::inflight_bytes;
 
@@ -321,6 +325,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
             .watch(pool.clone(), settings.primary_check_every),
     );
 
+    let pool_for_acks = pool.clone();
     let state = web::Data::new(AppState {
         registry,
         pool,
@@ -337,6 +342,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         cache,
         metrics,
         payload_key,
+        ack_group: storage::ack_group::AckGroup::start(pool_for_acks, ACK_WORKERS),
     });
     let data = state.clone();
     let addr = format!("{}:{}", settings.host, settings.port);

@@ -15,6 +15,7 @@ use sqlx::PgPool;
 
 use crate::metrics::Metrics;
 use crate::settings::Settings;
+use crate::storage::ack_group::AckGroup;
 use crate::storage::cache::SegmentCache;
 use crate::storage::crypto::PayloadKey;
 use crate::storage::{system, StorageError};
@@ -89,6 +90,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The key of encrypted queues (`QUEEN_ENCRYPTION_KEY`), if set.
     pub payload_key: Option<PayloadKey>,
+    /// Fast acks grouped into shared commits (`storage::ack_group`).
+    pub ack_group: AckGroup,
 }
 
 /// Bytes currently admitted (for metrics and tests).

@@ -12,10 +12,13 @@ use crate::storage::acks::{self, Ack, AckMode};
 
 async fn apply(state: &AppState, list: Vec<Ack>) -> Result<HttpResponse, ApiError> {
     let outcomes = with_db(state, async {
-        let mut conn = state.pool.acquire().await?;
-        if let Some(done) = acks::apply_completed_fast(&mut conn, &state.cache, &list).await? {
-            return Ok(done);
+        // The common ack joins the others waiting to be committed together.
+        if let Some(plan) = acks::plan_completed_fast(&state.cache, &list)? {
+            if let Some(released) = state.ack_group.apply(plan.ack.clone()).await {
+                return Ok(acks::fast_outcomes(&list, &plan, released));
+            }
         }
+        let mut conn = state.pool.acquire().await?;
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         let outcomes = acks::apply(&mut tx, &state.cache, &list, AckMode::Consume).await?;
         tx.commit().await?;

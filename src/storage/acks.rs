@@ -424,20 +424,21 @@ fn holds_all(
     Ok(wanted.iter().all(|t| present.contains(*t)))
 }
 
-/// The common ack in one statement: every ack of the request is `completed`, names the same
-/// lease on the same partition and group, and that lease is one this broker handed out with
-/// all its messages still cached. The statement applies only if the lease is still live and
-/// its range is the remembered one, and only if it moves the committed offset; `None` (nothing
-/// written) sends the request down the general path, which decides every other case.
+/// The common ack, decided without PostgreSQL: every ack of the request is `completed`, names
+/// the same lease on the same partition and group, and that lease is one this broker handed out
+/// with all its messages still cached. The plan is applied by [`crate::storage::ack_group`],
+/// which groups the plans of concurrent requests into one statement and one commit; a plan it
+/// could not apply (the lease ran out, the range moved, the offset is already past) sends the
+/// request down the general path ([`apply`]), which decides every other case. `None`: not the
+/// common case.
 ///
 /// # Errors
 ///
-/// Any database error, or a cached segment that does not decode.
-pub async fn apply_completed_fast(
-    conn: &mut PgConnection,
+/// A cached segment that does not decode.
+pub fn plan_completed_fast(
     cache: &SegmentCache,
     acks: &[Ack],
-) -> Result<Option<Vec<AckOutcome>>, StorageError> {
+) -> Result<Option<FastPlan>, StorageError> {
     let Some(first) = acks.first() else {
         return Ok(None);
     };
@@ -484,53 +485,64 @@ pub async fn apply_completed_fast(
             None => return Ok(None),
         }
     }
-    let applied: Option<(bool,)> = sqlx::query_as(
-        "UPDATE queen.partition_consumers c
-            SET committed_offset = $5,
-                lease_expires_at = CASE WHEN $5 >= $6 THEN NULL ELSE c.lease_expires_at END,
-                attention_at = CASE
-                    WHEN $5 < $6 THEN c.attention_at
-                    WHEN $5 < (SELECT next_offset FROM queen.partitions WHERE id = $1) THEN now()
-                    ELSE NULL
-                END,
-                batch_retry_count = CASE WHEN $5 >= $6 THEN 0 ELSE c.batch_retry_count END,
-                retry_lease_id = CASE WHEN $5 >= $6 THEN NULL ELSE c.retry_lease_id END,
-                last_consumed_at = now(),
-                total_consumed = c.total_consumed + ($5 - c.committed_offset)
-          WHERE c.partition_id = $1
-            AND c.consumer_group = $2
-            AND c.lease_id = $3
-            AND c.lease_expires_at > now()
-            AND c.leased_from = $4
-            AND c.leased_to = $6
-            AND c.committed_offset < $5
-      RETURNING $5 >= $6",
-    )
-    .bind(range.partition_id)
-    .bind(&first.group)
-    .bind(lease)
-    .bind(range.from)
-    .bind(end)
-    .bind(range.to)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let Some((released,)) = applied else {
-        return Ok(None);
-    };
-    let last = acks.len() - 1;
-    Ok(Some(
-        acks.iter()
-            .enumerate()
-            .map(|(n, a)| AckOutcome {
-                index: a.index,
-                transaction_id: a.transaction_id.clone(),
-                success: true,
-                error: None,
-                queue_name: Some(range.queue.to_string()),
-                partition_name: Some(range.partition.to_string()),
-                lease_released: released && n == last,
-                dlq: false,
-            })
-            .collect(),
-    ))
+    Ok(Some(FastPlan {
+        ack: FastAck {
+            partition_id: range.partition_id,
+            group: first.group.clone(),
+            lease,
+            from: range.from,
+            end,
+            to: range.to,
+        },
+        queue: range.queue.clone(),
+        partition: range.partition.clone(),
+    }))
+}
+
+/// A fast ack's plan: the statement's values and what the answer names.
+#[derive(Debug, Clone)]
+pub struct FastPlan {
+    /// What the grouped statement writes.
+    pub ack: FastAck,
+    /// The queue's name.
+    pub queue: std::sync::Arc<str>,
+    /// The partition's name.
+    pub partition: std::sync::Arc<str>,
+}
+
+/// One fast ack as the grouped statement applies it: move the committed offset of
+/// (`partition_id`, `group`) to `end`, only if the lease `lease` is still live with the range
+/// `from .. to` and the offset is behind `end`; at the range's end the lease is released.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FastAck {
+    /// Partition database id.
+    pub partition_id: i64,
+    /// Consumer group.
+    pub group: String,
+    /// The lease the acks name.
+    pub lease: Uuid,
+    /// Start of the leased range.
+    pub from: i64,
+    /// The new committed offset (one past the last acked message).
+    pub end: i64,
+    /// End of the leased range (exclusive).
+    pub to: i64,
+}
+
+/// The answers of a request whose fast plan was applied (`released`: the lease ended with it).
+pub fn fast_outcomes(acks: &[Ack], plan: &FastPlan, released: bool) -> Vec<AckOutcome> {
+    let last = acks.len().saturating_sub(1);
+    acks.iter()
+        .enumerate()
+        .map(|(n, a)| AckOutcome {
+            index: a.index,
+            transaction_id: a.transaction_id.clone(),
+            success: true,
+            error: None,
+            queue_name: Some(plan.queue.to_string()),
+            partition_name: Some(plan.partition.to_string()),
+            lease_released: released && n == last,
+            dlq: false,
+        })
+        .collect()
 }

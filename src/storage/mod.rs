@@ -22,6 +22,7 @@
 //! - [`error`]: whether a database error means PostgreSQL is away.
 //! - [`hosts`]: multi-host URLs and following the primary through a switchover.
 
+pub mod ack_group;
 pub mod acks;
 pub mod cache;
 pub mod commit;

@@ -7,6 +7,7 @@
 //! Run one area with `cargo test --test it <module>::`, e.g. `cargo test --test it pop_basic::`.
 
 mod ack_basic;
+mod ack_group;
 mod auth_keys;
 mod auth_matrix;
 mod auth_producer_sub;

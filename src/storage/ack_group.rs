@@ -1,0 +1,165 @@
+//! Fast acks grouped into shared commits, the way committers group pushes.
+//!
+//! The common ack (every message `completed`, one lease this broker handed out, see
+//! [`crate::storage::acks::plan_completed_fast`]) is one conditional UPDATE of one consumer row.
+//! Run alone, each is its own statement and its own durable commit (a WAL flush). Here a few
+//! workers take every plan that is waiting when they are free and apply them all in **one**
+//! statement, committed durably once: under load one flush serves many consumers' acks, and
+//! a lone ack waits for nothing (a free worker takes it at once).
+//!
+//! A plan applies only if its lease is still live with the same range and the committed offset
+//! is behind the plan's end, exactly as the single statement did; a plan that does not apply,
+//! and every plan of a group whose statement failed, answers "not applied", and the request
+//! takes the general path (its own transaction, which re-reads everything and gives the
+//! answer or the error). Two plans for the same consumer row never share a statement (an
+//! UPDATE applies one source row per target row): the later one is answered "not applied".
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use sqlx::PgPool;
+use tokio::sync::{mpsc, oneshot, Mutex};
+use uuid::Uuid;
+
+use crate::storage::acks::FastAck;
+
+/// Plans applied by one statement at most.
+const MAX_GROUP: usize = 256;
+
+/// What a waiting request gets back: `Some(released)` when its plan was applied (`released`:
+/// the lease ended with it), `None` when it must take the general path.
+type Reply = oneshot::Sender<Option<bool>>;
+
+/// The grouped statement. The plans arrive sorted by (partition, group), so the rows are
+/// locked in the order every ack transaction uses.
+const GROUP_SQL: &str = "
+WITH a AS (
+    SELECT *
+      FROM unnest($1::int8[], $2::text[], $3::uuid[], $4::int8[], $5::int8[], $6::int8[])
+           AS a(pid, grp, lease, from_, end_, to_)
+)
+UPDATE queen.partition_consumers c
+   SET committed_offset = a.end_,
+       lease_expires_at = CASE WHEN a.end_ >= a.to_ THEN NULL ELSE c.lease_expires_at END,
+       attention_at = CASE
+           WHEN a.end_ < a.to_ THEN c.attention_at
+           WHEN a.end_ < (SELECT p.next_offset FROM queen.partitions p WHERE p.id = a.pid)
+               THEN now()
+           ELSE NULL
+       END,
+       batch_retry_count = CASE WHEN a.end_ >= a.to_ THEN 0 ELSE c.batch_retry_count END,
+       retry_lease_id = CASE WHEN a.end_ >= a.to_ THEN NULL ELSE c.retry_lease_id END,
+       last_consumed_at = now(),
+       total_consumed = c.total_consumed + (a.end_ - c.committed_offset)
+  FROM a
+ WHERE c.partition_id = a.pid
+   AND c.consumer_group = a.grp
+   AND c.lease_id = a.lease
+   AND c.lease_expires_at > now()
+   AND c.leased_from = a.from_
+   AND c.leased_to = a.to_
+   AND c.committed_offset < a.end_
+RETURNING c.partition_id, c.consumer_group, a.end_ >= a.to_";
+
+/// The handle the ack routes use; cheap to clone.
+#[derive(Clone)]
+pub struct AckGroup {
+    jobs: mpsc::UnboundedSender<(FastAck, Reply)>,
+}
+
+impl AckGroup {
+    /// Starts `workers` workers applying plans on `pool` (on the current runtime).
+    pub fn start(pool: PgPool, workers: usize) -> Self {
+        let (jobs, queue) = mpsc::unbounded_channel();
+        let queue = Arc::new(Mutex::new(queue));
+        for _ in 0..workers.max(1) {
+            actix_web::rt::spawn(work(pool.clone(), queue.clone()));
+        }
+        Self { jobs }
+    }
+
+    /// Applies `ack` together with whatever other plans are waiting: `Some(released)` when it
+    /// was applied, `None` when the request must take the general path.
+    pub async fn apply(&self, ack: FastAck) -> Option<bool> {
+        let (reply, answer) = oneshot::channel();
+        if self.jobs.send((ack, reply)).is_err() {
+            return None;
+        }
+        answer.await.unwrap_or(None)
+    }
+}
+
+/// One worker: takes the first waiting plan and every other one waiting with it, applies them.
+async fn work(pool: PgPool, queue: Arc<Mutex<mpsc::UnboundedReceiver<(FastAck, Reply)>>>) {
+    loop {
+        let mut group = Vec::new();
+        {
+            let mut queue = queue.lock().await;
+            match queue.recv().await {
+                Some(job) => group.push(job),
+                None => return,
+            }
+            while group.len() < MAX_GROUP {
+                match queue.try_recv() {
+                    Ok(job) => group.push(job),
+                    Err(_) => break,
+                }
+            }
+        }
+        apply_group(&pool, group).await;
+    }
+}
+
+/// Applies one group and answers every plan in it.
+async fn apply_group(pool: &PgPool, mut group: Vec<(FastAck, Reply)>) {
+    group.sort_by(|(a, _), (b, _)| (a.partition_id, &a.group).cmp(&(b.partition_id, &b.group)));
+    let mut seen = HashSet::new();
+    let mut plans = Vec::with_capacity(group.len());
+    let mut waiting = Vec::with_capacity(group.len());
+    for (ack, reply) in group {
+        if seen.insert((ack.partition_id, ack.group.clone())) {
+            plans.push(ack);
+            waiting.push(reply);
+        } else {
+            // A second plan for the same row: the general path decides it.
+            let _ = reply.send(None);
+        }
+    }
+    let applied = match run(pool, &plans).await {
+        Ok(applied) => applied,
+        Err(e) => {
+            tracing::warn!(error = %e, acks = plans.len(),
+                "grouped ack statement failed; its acks take the general path");
+            HashMap::new()
+        }
+    };
+    for (ack, reply) in plans.iter().zip(waiting) {
+        let _ = reply.send(applied.get(&(ack.partition_id, ack.group.clone())).copied());
+    }
+}
+
+/// Runs [`GROUP_SQL`] for `plans`: the applied rows, each with whether its lease ended.
+async fn run(
+    pool: &PgPool,
+    plans: &[FastAck],
+) -> Result<HashMap<(i64, String), bool>, sqlx::Error> {
+    let pids: Vec<i64> = plans.iter().map(|p| p.partition_id).collect();
+    let groups: Vec<&str> = plans.iter().map(|p| p.group.as_str()).collect();
+    let leases: Vec<Uuid> = plans.iter().map(|p| p.lease).collect();
+    let froms: Vec<i64> = plans.iter().map(|p| p.from).collect();
+    let ends: Vec<i64> = plans.iter().map(|p| p.end).collect();
+    let tos: Vec<i64> = plans.iter().map(|p| p.to).collect();
+    let rows: Vec<(i64, String, bool)> = sqlx::query_as(GROUP_SQL)
+        .bind(&pids)
+        .bind(&groups)
+        .bind(&leases)
+        .bind(&froms)
+        .bind(&ends)
+        .bind(&tos)
+        .fetch_all(pool)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(pid, group, released)| ((pid, group), released))
+        .collect())
+}

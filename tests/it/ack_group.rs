@@ -1,0 +1,109 @@
+//! Fast acks grouped into shared commits (`storage::ack_group`): many consumers' acks applied
+//! by one statement each, every one exactly once, and a plan that a concurrent one already
+//! applied never applied again.
+
+use queen_broker::storage::ack_group::AckGroup;
+use queen_broker::storage::acks::{self, Ack, AckStatus};
+use queen_broker::storage::consume::QUEUE_MODE;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::support::consuming::*;
+use crate::support::{fresh_db, spawn_app};
+
+/// The committed offset of every partition of `queue` for `group`, by partition name.
+async fn committed(url: &str, queue: &str, group: &str) -> Vec<(String, i64)> {
+    let pool = sqlx::PgPool::connect(url).await.expect("connects");
+    sqlx::query_as(
+        "SELECT p.name, c.committed_offset
+           FROM queen.partition_consumers c
+           JOIN queen.partitions p ON p.id = c.partition_id
+           JOIN queen.queues q ON q.id = p.queue_id
+          WHERE q.name = $1 AND c.consumer_group = $2
+          ORDER BY p.name",
+    )
+    .bind(queue)
+    .bind(group)
+    .fetch_all(&pool)
+    .await
+    .expect("reads")
+}
+
+#[actix_web::test]
+async fn sixteen_consumers_acking_at_once_each_commit_exactly_their_range() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    for p in 0..16 {
+        push_n(&app, "q", &format!("p{p:02}"), p * 100, 10).await;
+    }
+    // Sixteen pops, one partition each (a pop takes one partition).
+    let mut popped = Vec::new();
+    for _ in 0..16 {
+        popped.push(pop(&app, "q", "batch=10").await);
+    }
+    assert!(popped.iter().all(|r| messages(r).len() == 10));
+    let answers =
+        futures_util::future::join_all(popped.iter().map(|r| ack_all(&app, r, "completed", None)))
+            .await;
+    for answer in &answers {
+        let items = answer.as_array().expect("array");
+        assert_eq!(items.len(), 10);
+        assert!(items.iter().all(|i| i["success"] == true), "{answer}");
+        // The last item of each batch says the lease ended with it.
+        assert_eq!(items[9]["leaseReleased"], true, "{answer}");
+    }
+    let offsets = committed(&db.url, "q", QUEUE_MODE).await;
+    assert_eq!(offsets.len(), 16);
+    assert!(offsets.iter().all(|(_, c)| *c == 10), "{offsets:?}");
+    // The same acks again: the leases are gone, so the general path refuses them.
+    let again = ack_all(&app, &popped[0], "completed", None).await;
+    assert!(
+        again
+            .as_array()
+            .expect("array")
+            .iter()
+            .all(|i| i["success"] == false),
+        "{again}"
+    );
+    assert!(pop(&app, "q", "batch=10").await.status == 204);
+}
+
+#[actix_web::test]
+async fn a_plan_applied_once_is_not_applied_again_by_its_twins() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    push_n(&app, "q", "p", 0, 5).await;
+    let reply = pop(&app, "q", "batch=5").await;
+    let list: Vec<Ack> = messages(&reply)
+        .iter()
+        .enumerate()
+        .map(|(index, m): (usize, &Value)| Ack {
+            index,
+            partition: Uuid::parse_str(m["partitionId"].as_str().expect("id")).expect("uuid"),
+            transaction_id: m["transactionId"].as_str().expect("txn").to_string(),
+            status: AckStatus::Completed,
+            group: QUEUE_MODE.to_string(),
+            lease_id: m["leaseId"].as_str().map(str::to_string),
+            error: None,
+        })
+        .collect();
+    let plan = acks::plan_completed_fast(&app.broker.state.cache, &list)
+        .expect("decodes")
+        .expect("the common ack");
+    assert_eq!((plan.ack.from, plan.ack.end, plan.ack.to), (0, 5, 5));
+    let pool = sqlx::PgPool::connect(&db.url).await.expect("connects");
+    let group = AckGroup::start(pool, 2);
+    // Three copies at once: in one statement (the twins are refused before it) or in several
+    // (the offset has moved): applied exactly once either way.
+    let (a, b, c) = futures_util::join!(
+        group.apply(plan.ack.clone()),
+        group.apply(plan.ack.clone()),
+        group.apply(plan.ack.clone())
+    );
+    let applied: Vec<bool> = [a, b, c].into_iter().flatten().collect();
+    assert_eq!(applied, vec![true], "one applied, releasing the lease");
+    assert_eq!(
+        committed(&db.url, "q", QUEUE_MODE).await,
+        vec![("p".to_string(), 5)]
+    );
+}
