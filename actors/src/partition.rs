@@ -268,6 +268,10 @@ impl PartitionActor {
         self.last_active = Instant::now();
         self.flush(ctx);
         if !self.in_flight && self.pending.is_empty() {
+            // Idle: hand the queue's buffer back (four slots, allocated by the first push).
+            // One actor lives per recently written partition and most of them are idle, so a
+            // kept buffer is memory per partition; a busy actor keeps it between writes.
+            self.pending = VecDeque::new();
             self.release_hold();
             if self.evicted {
                 self.closing = true;
