@@ -343,6 +343,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         metrics,
         payload_key,
         ack_group: storage::ack_group::AckGroup::start(pool_for_acks, ACK_WORKERS),
+        primary: primary.clone(),
     });
     let data = state.clone();
     let addr = format!("{}:{}", settings.host, settings.port);

@@ -75,6 +75,12 @@ pub struct Gauges {
     pub pop_maintenance: bool,
     /// Live partition actors.
     pub partition_actors: usize,
+    /// Partition actors evicted since start (idle too long, or the registry full).
+    pub partition_evictions: u64,
+    /// `host:port` of the database host the broker writes to now.
+    pub database_host: String,
+    /// Switches to another database host since start.
+    pub database_switches: u64,
     /// Request bytes held by the write path.
     pub inflight_bytes: usize,
     /// Items handed to committers and not yet committed.
@@ -99,6 +105,9 @@ struct GaugeSet {
     maintenance: IntGauge,
     pop_maintenance: IntGauge,
     partition_actors: IntGauge,
+    partition_evictions: IntCounter,
+    database_host: IntGaugeVec,
+    database_switches: IntCounter,
     inflight_bytes: IntGauge,
     commit_backlog: IntGauge,
     leases: IntGaugeVec,
@@ -167,6 +176,20 @@ fn histogram(registry: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> 
         .register(Box::new(h.clone()))
         .expect("unique metric");
     h
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).expect("valid metric");
+    register(registry, c.clone());
+    c
+}
+
+/// Moves a counter that mirrors a total kept elsewhere up to `total` (never down).
+fn catch_up(counter: &IntCounter, total: u64) {
+    let now = counter.get();
+    if total > now {
+        counter.inc_by(total - now);
+    }
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
@@ -343,6 +366,22 @@ impl Metrics {
                 "1 while pop maintenance mode is on",
             ),
             partition_actors: gauge(&r, "queen_partition_actors", "live partition actors"),
+            partition_evictions: counter(
+                &r,
+                "queen_partition_actor_evictions_total",
+                "partition actors stopped since start (idle too long, or QUEEN_PARTITION_ACTORS_MAX reached)",
+            ),
+            database_host: gauge_vec(
+                &r,
+                "queen_database_primary",
+                "1 for the database host this broker writes to now",
+                &["host"],
+            ),
+            database_switches: counter(
+                &r,
+                "queen_database_primary_switches_total",
+                "switches to another database host since start",
+            ),
             inflight_bytes: gauge(
                 &r,
                 "queen_inflight_bytes",
@@ -495,10 +534,7 @@ impl Metrics {
         set.spool_pending.set(g.spool_records as i64);
         set.spool_bytes.set(g.spool_bytes as i64);
         set.spool_oldest.set(g.spool_oldest_secs);
-        let replayed = set.replayed.get();
-        if g.replayed > replayed {
-            set.replayed.inc_by(g.replayed - replayed);
-        }
+        catch_up(&set.replayed, g.replayed);
         set.db_healthy.set(i64::from(g.db_down_for.is_none()));
         set.db_unreachable
             .set(g.db_down_for.map_or(0, |d| d.as_secs() as i64));
@@ -506,6 +542,14 @@ impl Metrics {
         set.maintenance.set(i64::from(g.maintenance));
         set.pop_maintenance.set(i64::from(g.pop_maintenance));
         set.partition_actors.set(g.partition_actors as i64);
+        catch_up(&set.partition_evictions, g.partition_evictions);
+        catch_up(&set.database_switches, g.database_switches);
+        if !g.database_host.is_empty() {
+            set.database_host.reset();
+            set.database_host
+                .with_label_values(&[g.database_host.as_str()])
+                .set(1);
+        }
         set.inflight_bytes.set(g.inflight_bytes as i64);
         set.commit_backlog.set(g.commit_backlog as i64);
         match g.leases {
@@ -595,6 +639,11 @@ impl Metrics {
                 "popMaintenanceMode": g.pop_maintenance,
             },
             "partitionActors": g.partition_actors,
+            "partitionActorEvictions": g.partition_evictions,
+            "database": {
+                "host": g.database_host,
+                "switches": g.database_switches,
+            },
             "inflightBytes": g.inflight_bytes,
             "commitBacklogItems": g.commit_backlog,
         })
@@ -667,6 +716,9 @@ mod tests {
             spool_records: 5,
             replayed: 9,
             partition_actors: 2,
+            partition_evictions: 12,
+            database_host: "db2:5433".into(),
+            database_switches: 1,
             leases: Some(4),
             ..Gauges::default()
         };
@@ -680,6 +732,9 @@ mod tests {
             "queen_file_buffer_replayed_total 9",
             "# TYPE queen_file_buffer_replayed_total counter",
             "queen_partition_actors 2",
+            "queen_partition_actor_evictions_total 12",
+            "queen_database_primary{host=\"db2:5433\"} 1",
+            "queen_database_primary_switches_total 1",
             "queen_leases_held{scope=\"cluster\"} 4",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");

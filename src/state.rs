@@ -18,6 +18,7 @@ use crate::settings::Settings;
 use crate::storage::ack_group::AckGroup;
 use crate::storage::cache::SegmentCache;
 use crate::storage::crypto::PayloadKey;
+use crate::storage::hosts::Primary;
 use crate::storage::{system, StorageError};
 use crate::wake::WakeHub;
 
@@ -92,6 +93,8 @@ pub struct AppState {
     pub payload_key: Option<PayloadKey>,
     /// Fast acks grouped into shared commits (`storage::ack_group`).
     pub ack_group: AckGroup,
+    /// The database hosts and which one is the primary now (`storage::hosts`).
+    pub primary: Arc<Primary>,
 }
 
 /// Bytes currently admitted (for metrics and tests).

@@ -168,6 +168,10 @@ async fn counters_move_by_exactly_what_a_known_sequence_produces() {
     );
     // Gauges read at the scrape, and the process collector.
     assert_eq!(s("queen_partition_actors", &[]), 2.0);
+    assert_eq!(s("queen_partition_actor_evictions_total", &[]), 0.0);
+    let host = app.broker.primary.current_host();
+    assert_eq!(s("queen_database_primary", &[("host", host.as_str())]), 1.0);
+    assert_eq!(s("queen_database_primary_switches_total", &[]), 0.0);
     assert_eq!(s("queen_file_buffer_pending", &[]), 0.0);
     assert_eq!(s("queen_file_buffer_db_healthy", &[]), 1.0);
     assert!(s("queen_db_pool_size", &[("pool", "shared")]) >= 1.0);

@@ -35,6 +35,24 @@ async fn partitions_whose_actors_were_evicted_keep_their_order_and_dedup() {
     let registry = &app.broker.state.registry;
     assert!(registry.len() <= 2, "{} actors alive", registry.len());
     assert!(registry.evicted() >= 16, "{} evicted", registry.evicted());
+    // The evictions are in /metrics/prometheus (as counted when scraped).
+    let evicted = registry.evicted();
+    let (status, text) = app.get_text("/metrics/prometheus").await;
+    assert_eq!(status, 200);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("queen_partition_actor_evictions_total "))
+        .expect("the evictions counter is exported");
+    let scraped: u64 = line
+        .rsplit_once(' ')
+        .expect("value")
+        .1
+        .parse()
+        .expect("number");
+    assert!(
+        scraped >= evicted && scraped <= registry.evicted(),
+        "{line} (registry said {evicted})"
+    );
 
     // A transactionId of the first round, to a partition whose actor is long gone: duplicate,
     // naming the original, and nothing written.

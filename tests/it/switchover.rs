@@ -453,6 +453,17 @@ async fn a_primary_switchover_loses_nothing() {
             || async move { (primary.current_host() == *new).then_some(()) },
         )
         .await;
+        // An operator sees it in the metrics: the host written to now, and one switch more.
+        let (status, text) = app.get_text("/metrics/prometheus").await;
+        assert_eq!(status, 200);
+        assert!(
+            text.contains(&format!("queen_database_primary{{host=\"{new}\"}} 1")),
+            "{text}"
+        );
+        assert!(
+            !text.contains("queen_database_primary_switches_total 0\n"),
+            "no switch counted: {text}"
+        );
     }
     let tally = &load.tally;
     eventually(
