@@ -2,10 +2,11 @@
 //!
 //! The common ack (every message `completed`, one lease this broker handed out, see
 //! [`crate::storage::acks::plan_completed_fast`]) is one conditional UPDATE of one consumer row.
-//! Run alone, each is its own statement and its own durable commit (a WAL flush). Here a few
-//! workers take every plan that is waiting when they are free and apply them all in **one**
-//! statement, committed durably once: under load one flush serves many consumers' acks, and
-//! a lone ack waits for nothing (a free worker takes it at once).
+//! Run alone, each is its own statement and its own durable commit (a WAL flush). Here a worker
+//! (one in the broker, `ACK_WORKERS` in `app.rs`) takes every plan that is waiting when it is
+//! free and applies them all in **one** statement, committed durably once: under load one
+//! flush serves many consumers' acks, and a lone ack waits for nothing (a free worker takes it
+//! at once).
 //!
 //! A plan applies only if its lease is still live with the same range and the committed offset
 //! is behind the plan's end, exactly as the single statement did; a plan that does not apply,
