@@ -14,8 +14,13 @@ async fn apply(state: &AppState, list: Vec<Ack>) -> Result<HttpResponse, ApiErro
     let outcomes = with_db(state, async {
         // The common ack joins the others waiting to be committed together.
         if let Some(plan) = acks::plan_completed_fast(&state.cache, &list)? {
-            if let Some(released) = state.ack_group.apply(plan.ack.clone()).await {
-                return Ok(acks::fast_outcomes(&list, &plan, released));
+            if let Some(released) = state.ack_group.apply(plan.ack).await {
+                return Ok(acks::fast_outcomes(
+                    &list,
+                    &plan.queue,
+                    &plan.partition,
+                    released,
+                ));
             }
         }
         let mut conn = state.pool.acquire().await?;

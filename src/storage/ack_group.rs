@@ -15,7 +15,6 @@
 //! answer or the error). Two plans for the same consumer row never share a statement (an
 //! UPDATE applies one source row per target row): the later one is answered "not applied".
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use sqlx::PgPool;
@@ -37,7 +36,7 @@ const GROUP_SQL: &str = "
 WITH a AS (
     SELECT *
       FROM unnest($1::int8[], $2::text[], $3::uuid[], $4::int8[], $5::int8[], $6::int8[])
-           AS a(pid, grp, lease, from_, end_, to_)
+           WITH ORDINALITY AS a(pid, grp, lease, from_, end_, to_, n)
 )
 UPDATE queen.partition_consumers c
    SET committed_offset = a.end_,
@@ -60,7 +59,7 @@ UPDATE queen.partition_consumers c
    AND c.leased_from = a.from_
    AND c.leased_to = a.to_
    AND c.committed_offset < a.end_
-RETURNING c.partition_id, c.consumer_group, a.end_ >= a.to_";
+RETURNING a.n, a.end_ >= a.to_";
 
 /// The handle the ack routes use; cheap to clone.
 #[derive(Clone)]
@@ -114,16 +113,19 @@ async fn work(pool: PgPool, queue: Arc<Mutex<mpsc::UnboundedReceiver<(FastAck, R
 /// Applies one group and answers every plan in it.
 async fn apply_group(pool: &PgPool, mut group: Vec<(FastAck, Reply)>) {
     group.sort_by(|(a, _), (b, _)| (a.partition_id, &a.group).cmp(&(b.partition_id, &b.group)));
-    let mut seen = HashSet::new();
-    let mut plans = Vec::with_capacity(group.len());
+    let mut plans: Vec<FastAck> = Vec::with_capacity(group.len());
     let mut waiting = Vec::with_capacity(group.len());
     for (ack, reply) in group {
-        if seen.insert((ack.partition_id, ack.group.clone())) {
+        // Sorted, so a second plan for the same row follows the first: the general path
+        // decides it.
+        if plans
+            .last()
+            .is_some_and(|p| p.partition_id == ack.partition_id && p.group == ack.group)
+        {
+            let _ = reply.send(None);
+        } else {
             plans.push(ack);
             waiting.push(reply);
-        } else {
-            // A second plan for the same row: the general path decides it.
-            let _ = reply.send(None);
         }
     }
     let applied = match run(pool, &plans).await {
@@ -131,26 +133,24 @@ async fn apply_group(pool: &PgPool, mut group: Vec<(FastAck, Reply)>) {
         Err(e) => {
             tracing::warn!(error = %e, acks = plans.len(),
                 "grouped ack statement failed; its acks take the general path");
-            HashMap::new()
+            vec![None; plans.len()]
         }
     };
-    for (ack, reply) in plans.iter().zip(waiting) {
-        let _ = reply.send(applied.get(&(ack.partition_id, ack.group.clone())).copied());
+    for (reply, applied) in waiting.into_iter().zip(applied) {
+        let _ = reply.send(applied);
     }
 }
 
-/// Runs [`GROUP_SQL`] for `plans`: the applied rows, each with whether its lease ended.
-async fn run(
-    pool: &PgPool,
-    plans: &[FastAck],
-) -> Result<HashMap<(i64, String), bool>, sqlx::Error> {
+/// Runs [`GROUP_SQL`] for `plans`: per plan, in order, whether it was applied and if so whether
+/// its lease ended.
+async fn run(pool: &PgPool, plans: &[FastAck]) -> Result<Vec<Option<bool>>, sqlx::Error> {
     let pids: Vec<i64> = plans.iter().map(|p| p.partition_id).collect();
     let groups: Vec<&str> = plans.iter().map(|p| p.group.as_str()).collect();
     let leases: Vec<Uuid> = plans.iter().map(|p| p.lease).collect();
     let froms: Vec<i64> = plans.iter().map(|p| p.from).collect();
     let ends: Vec<i64> = plans.iter().map(|p| p.end).collect();
     let tos: Vec<i64> = plans.iter().map(|p| p.to).collect();
-    let rows: Vec<(i64, String, bool)> = sqlx::query_as(GROUP_SQL)
+    let rows: Vec<(i64, bool)> = sqlx::query_as(GROUP_SQL)
         .bind(&pids)
         .bind(&groups)
         .bind(&leases)
@@ -159,8 +159,12 @@ async fn run(
         .bind(&tos)
         .fetch_all(pool)
         .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(pid, group, released)| ((pid, group), released))
-        .collect())
+    let mut applied = vec![None; plans.len()];
+    for (n, released) in rows {
+        // `n` is the plan's 1-based position in the arrays.
+        if let Some(slot) = usize::try_from(n - 1).ok().and_then(|i| applied.get_mut(i)) {
+            *slot = Some(released);
+        }
+    }
+    Ok(applied)
 }

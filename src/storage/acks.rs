@@ -530,7 +530,12 @@ pub struct FastAck {
 }
 
 /// The answers of a request whose fast plan was applied (`released`: the lease ended with it).
-pub fn fast_outcomes(acks: &[Ack], plan: &FastPlan, released: bool) -> Vec<AckOutcome> {
+pub fn fast_outcomes(
+    acks: &[Ack],
+    queue: &str,
+    partition: &str,
+    released: bool,
+) -> Vec<AckOutcome> {
     let last = acks.len().saturating_sub(1);
     acks.iter()
         .enumerate()
@@ -539,8 +544,8 @@ pub fn fast_outcomes(acks: &[Ack], plan: &FastPlan, released: bool) -> Vec<AckOu
             transaction_id: a.transaction_id.clone(),
             success: true,
             error: None,
-            queue_name: Some(plan.queue.to_string()),
-            partition_name: Some(plan.partition.to_string()),
+            queue_name: Some(queue.to_string()),
+            partition_name: Some(partition.to_string()),
             lease_released: released && n == last,
             dlq: false,
         })

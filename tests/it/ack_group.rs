@@ -9,11 +9,11 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::support::consuming::*;
-use crate::support::{fresh_db, spawn_app};
+use crate::support::{fresh_db, spawn_app, TestDb};
 
 /// The committed offset of every partition of `queue` for `group`, by partition name.
-async fn committed(url: &str, queue: &str, group: &str) -> Vec<(String, i64)> {
-    let pool = sqlx::PgPool::connect(url).await.expect("connects");
+async fn committed(db: &TestDb, queue: &str, group: &str) -> Vec<(String, i64)> {
+    let mut conn = db.conn().await;
     sqlx::query_as(
         "SELECT p.name, c.committed_offset
            FROM queen.partition_consumers c
@@ -24,7 +24,7 @@ async fn committed(url: &str, queue: &str, group: &str) -> Vec<(String, i64)> {
     )
     .bind(queue)
     .bind(group)
-    .fetch_all(&pool)
+    .fetch_all(&mut conn)
     .await
     .expect("reads")
 }
@@ -52,7 +52,7 @@ async fn sixteen_consumers_acking_at_once_each_commit_exactly_their_range() {
         // The last item of each batch says the lease ended with it.
         assert_eq!(items[9]["leaseReleased"], true, "{answer}");
     }
-    let offsets = committed(&db.url, "q", QUEUE_MODE).await;
+    let offsets = committed(&db, "q", QUEUE_MODE).await;
     assert_eq!(offsets.len(), 16);
     assert!(offsets.iter().all(|(_, c)| *c == 10), "{offsets:?}");
     // The same acks again: the leases are gone, so the general path refuses them.
@@ -103,7 +103,7 @@ async fn a_plan_applied_once_is_not_applied_again_by_its_twins() {
     let applied: Vec<bool> = [a, b, c].into_iter().flatten().collect();
     assert_eq!(applied, vec![true], "one applied, releasing the lease");
     assert_eq!(
-        committed(&db.url, "q", QUEUE_MODE).await,
+        committed(&db, "q", QUEUE_MODE).await,
         vec![("p".to_string(), 5)]
     );
 }
