@@ -13,6 +13,10 @@
 //! Eviction is oldest-inserted first under a byte budget: segments are read roughly in the
 //! order they were written, and a consumed segment is rarely read again.
 //!
+//! A committed segment is kept only when its queue is being consumed on this broker (a pop of
+//! it started within [`CONSUMED_FOR`]): a queue nobody pops here would only fill the budget
+//! with bytes no pop of this broker reads, and copy them on the push path for nothing.
+//!
 //! Beside the segments it remembers the ranges this broker leased out (lease id, partition →
 //! offsets), so the common ack — every message of a live lease `completed` — is one
 //! conditional statement: the statement checks that the lease and its range are still what
@@ -52,6 +56,9 @@ pub const FULL_SCAN_EVERY: std::time::Duration = std::time::Duration::from_milli
 /// finds whatever only the full pop can (it also moves the watermark the one-statement pop
 /// reads from).
 pub const WOKEN_FULL_POP_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// How long after a pop of a queue started on this broker its new segments are still kept.
+pub const CONSUMED_FOR: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Leases remembered at most (oldest forgotten first).
 const MAX_LEASES: usize = 16_384;
@@ -98,6 +105,8 @@ pub struct SegmentCache {
     full_scans: Every<(String, String)>,
     /// When a woken pop of (queue, group) last fell back to the full pop.
     woken_full_pops: Every<(String, String)>,
+    /// When a pop of each queue last started on this broker.
+    popped: Mutex<HashMap<Arc<str>, std::time::Instant>>,
     inner: Mutex<Inner>,
     leases: Mutex<Leases>,
 }
@@ -111,16 +120,46 @@ impl SegmentCache {
             watermarks: Every::default(),
             full_scans: Every::default(),
             woken_full_pops: Every::default(),
+            popped: Mutex::default(),
             inner: Mutex::new(Inner::default()),
             leases: Mutex::new(Leases::default()),
         }
     }
 
-    /// Keeps a copy of a committed segment.
-    pub fn insert(&self, partition_id: i64, base_offset: i64, count: i64, frames: &[u8]) {
+    /// Keeps a committed segment (the caller checked [`SegmentCache::consumed_queues`]).
+    pub fn insert(&self, partition_id: i64, base_offset: i64, count: i64, frames: Vec<u8>) {
         if frames.len() + OVERHEAD <= self.capacity {
-            self.keep(partition_id, base_offset, count, frames.to_vec());
+            self.keep(partition_id, base_offset, count, frames);
         }
+    }
+
+    /// Records that a pop of `queue` starts on this broker: its segments committed within
+    /// [`CONSUMED_FOR`] from now are kept.
+    pub fn note_pop(&self, queue: &str) {
+        if self.capacity == 0 {
+            return;
+        }
+        let now = std::time::Instant::now();
+        let mut popped = self.popped.lock().expect("popped queues lock poisoned");
+        if let Some(at) = popped.get_mut(queue) {
+            *at = now;
+            return;
+        }
+        if popped.len() >= MAX_LEASES {
+            popped.retain(|_, at| now.duration_since(*at) < CONSUMED_FOR);
+        }
+        popped.insert(Arc::from(queue), now);
+    }
+
+    /// The queues whose committed segments are kept now: those a pop of started on this
+    /// broker within [`CONSUMED_FOR`] (none when the cache is off).
+    pub fn consumed_queues(&self) -> Vec<Arc<str>> {
+        let popped = self.popped.lock().expect("popped queues lock poisoned");
+        popped
+            .iter()
+            .filter(|(_, at)| at.elapsed() < CONSUMED_FOR)
+            .map(|(q, _)| q.clone())
+            .collect()
     }
 
     /// Keeps a segment just read from PostgreSQL and hands it back, shared.
@@ -376,7 +415,7 @@ mod tests {
     fn oldest_inserted_leave_first_under_the_budget() {
         let cache = SegmentCache::new(3 * (100 + OVERHEAD));
         for base in [0, 10, 20, 30] {
-            cache.insert(7, base, 10, &[0u8; 100]);
+            cache.insert(7, base, 10, vec![0u8; 100]);
         }
         assert!(cache.get(7, 0).is_none());
         assert!(cache.get(7, 10).is_some());
@@ -388,9 +427,9 @@ mod tests {
     fn from_offset_starts_at_the_segment_holding_the_offset() {
         let cache = SegmentCache::new(1 << 20);
         for base in [0, 10, 20] {
-            cache.insert(1, base, 10, &[base as u8]);
+            cache.insert(1, base, 10, vec![base as u8]);
         }
-        cache.insert(2, 15, 1, &[9]);
+        cache.insert(2, 15, 1, vec![9]);
         let bases: Vec<i64> = cache
             .from_offset(1, 15)
             .iter()
@@ -403,9 +442,9 @@ mod tests {
     #[test]
     fn covering_needs_every_offset_of_the_range() {
         let cache = SegmentCache::new(1 << 20);
-        cache.insert(1, 0, 10, &[0]);
-        cache.insert(1, 10, 5, &[1]);
-        cache.insert(1, 20, 5, &[2]);
+        cache.insert(1, 0, 10, vec![0]);
+        cache.insert(1, 10, 5, vec![1]);
+        cache.insert(1, 20, 5, vec![2]);
         let bases = |r: Option<Vec<Arc<CachedSegment>>>| {
             r.map(|v| v.iter().map(|s| s.base_offset).collect::<Vec<_>>())
         };
@@ -431,8 +470,32 @@ mod tests {
     #[test]
     fn a_zero_budget_keeps_nothing() {
         let cache = SegmentCache::new(0);
-        cache.insert(1, 0, 1, &[1, 2, 3]);
+        cache.insert(1, 0, 1, vec![1, 2, 3]);
         assert!(cache.get(1, 0).is_none());
         assert_eq!(cache.bytes(), 0);
+    }
+
+    #[test]
+    fn only_queues_popped_here_lately_have_their_segments_kept() {
+        let cache = SegmentCache::new(1 << 20);
+        assert!(cache.consumed_queues().is_empty());
+        cache.note_pop("orders");
+        cache.note_pop("orders");
+        let queues: Vec<String> = cache
+            .consumed_queues()
+            .iter()
+            .map(|q| q.to_string())
+            .collect();
+        assert_eq!(queues, vec!["orders".to_string()]);
+        // A pop long ago no longer counts.
+        cache.popped.lock().unwrap().insert(
+            Arc::from("old"),
+            std::time::Instant::now() - CONSUMED_FOR - std::time::Duration::from_secs(1),
+        );
+        assert_eq!(cache.consumed_queues().len(), 1);
+        // With the cache off nothing is recorded.
+        let off = SegmentCache::new(0);
+        off.note_pop("orders");
+        assert!(off.consumed_queues().is_empty());
     }
 }

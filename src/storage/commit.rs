@@ -21,7 +21,7 @@
 //! [`write_segments`] is the part between BEGIN and COMMIT, so `POST /api/v1/transaction` runs
 //! the same statements inside its own transaction.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use broker_actors::error::StoreError;
@@ -209,9 +209,7 @@ pub async fn commit_batch(
             Ok((outcomes, segments)) => {
                 conn.execute("COMMIT").await?;
                 if let Some(cache) = cache {
-                    for s in &segments {
-                        cache.insert(s.partition_id, s.base_offset, s.count.into(), &s.frames);
-                    }
+                    keep_consumed(cache, batch, &ids, segments);
                 }
                 return Ok(outcomes);
             }
@@ -320,6 +318,31 @@ pub async fn write_segments(
 ) -> Result<Vec<SegmentOutcome>, WriteError> {
     let (locked, secret) = lock_partitions(tx, ids, false).await?;
     Ok(write_locked(tx, batch, ids, locked, secret, key).await?.0)
+}
+
+/// Hands the new segments of queues being consumed on this broker to the cache (moved, not
+/// copied); the others are dropped here.
+fn keep_consumed(
+    cache: &SegmentCache,
+    batch: &[SegmentWrite],
+    ids: &[i64],
+    segments: Vec<NewSegment>,
+) {
+    let consumed = cache.consumed_queues();
+    if consumed.is_empty() {
+        return;
+    }
+    let kept: HashSet<i64> = batch
+        .iter()
+        .zip(ids)
+        .filter(|(w, _)| consumed.iter().any(|q| **q == *w.key.queue))
+        .map(|(_, id)| *id)
+        .collect();
+    for s in segments {
+        if kept.contains(&s.partition_id) {
+            cache.insert(s.partition_id, s.base_offset, s.count.into(), s.frames);
+        }
+    }
 }
 
 /// A segment written by [`write_locked`].

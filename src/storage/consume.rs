@@ -205,6 +205,7 @@ pub async fn pop(
     // load it always finds one, so a partition the group never touched would wait for a quiet
     // moment. A few times a second per broker and group the full pop runs instead, looking at
     // the written partitions first and at untouched ones before the others.
+    req.cache.note_pop(req.queue);
     let written_first = req.partition.is_none() && req.cache.full_scan_due(req.queue, req.group);
     if req.partition.is_none() && !written_first {
         if let Some(popped) = pop_ready(conn, req).await? {

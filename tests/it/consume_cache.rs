@@ -13,7 +13,8 @@ use serde_json::{json, Value};
 async fn a_segment_removed_by_retention_is_not_served_from_the_cache() {
     let db = fresh_db().await;
     let app = spawn_app(&db).await;
-    // Two segments; the committer keeps both in the cache.
+    // A consumer is waiting on the queue, so the committer keeps both segments in the cache.
+    assert_eq!(pop(&app, "q", "batch=10").await.status, 204);
     push_n(&app, "q", "p", 0, 3).await;
     push_n(&app, "q", "p", 3, 3).await;
     let pid = partition_id(&db, "p").await;
@@ -45,6 +46,7 @@ async fn messages_written_through_another_broker_are_read_and_acked_here() {
     let db = fresh_db().await;
     let writer = spawn_app(&db).await;
     let reader = spawn_app(&db).await;
+    assert_eq!(pop(&writer, "q", "batch=10").await.status, 204);
     push_n(&writer, "q", "p", 0, 5).await;
     let pid = partition_id(&db, "p").await;
     assert!(reader.broker.state.cache.get(pid, 0).is_none());
@@ -56,7 +58,8 @@ async fn messages_written_through_another_broker_are_read_and_acked_here() {
     let acked = ack_all(&reader, &reply, "completed", None).await;
     assert_eq!(acked[2]["leaseReleased"], true);
 
-    // The rest, popped on the writer (cached there at commit) and acked on the reader,
+    // The rest, popped on the writer (cached there at commit: it had a pop of the queue) and
+    // acked on the reader,
     // which did not hand that lease out: the general path decides.
     let rest = pop(&writer, "q", "batch=10").await;
     assert_eq!(ns(&rest), vec![3, 4]);
@@ -74,7 +77,10 @@ async fn messages_written_through_another_broker_are_read_and_acked_here() {
 async fn a_lease_that_ran_out_while_cached_is_redelivered_and_its_acks_refused() {
     let db = fresh_db().await;
     let app = spawn_app(&db).await;
+    assert_eq!(pop(&app, "q", "batch=4").await.status, 204);
     push_n(&app, "q", "p", 0, 4).await;
+    let pid = partition_id(&db, "p").await;
+    assert!(app.broker.state.cache.get(pid, 0).is_some());
     let first = pop(&app, "q", "batch=4").await;
     assert_eq!(ns(&first), vec![0, 1, 2, 3]);
     db.exec("UPDATE queen.partition_consumers SET lease_expires_at = now() - interval '1 second'")
@@ -97,6 +103,31 @@ async fn a_lease_that_ran_out_while_cached_is_redelivered_and_its_acks_refused()
         .iter()
         .all(|a| a["success"] == true));
     assert_eq!(pop(&app, "q", "batch=4").await.status, 204);
+}
+
+#[actix_web::test]
+async fn only_queues_consumed_on_this_broker_fill_the_cache() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    // Nobody pops "quiet" here: its segments are not copied into the cache.
+    push_n(&app, "quiet", "p", 0, 3).await;
+    let quiet = partition_id(&db, "p").await;
+    assert!(app.broker.state.cache.get(quiet, 0).is_none());
+    assert_eq!(app.broker.state.cache.bytes(), 0);
+
+    // A pop of "busy" (empty so far) makes its next segments kept, and only its.
+    assert_eq!(pop(&app, "busy", "batch=10").await.status, 204);
+    push_n(&app, "busy", "b", 0, 3).await;
+    push_n(&app, "quiet", "p", 3, 3).await;
+    let busy = partition_id(&db, "b").await;
+    assert!(app.broker.state.cache.get(busy, 0).is_some());
+    assert!(app.broker.state.cache.get(quiet, 3).is_none());
+
+    // Both queues still deliver everything, the quiet one from PostgreSQL.
+    let reply = pop(&app, "quiet", "batch=10").await;
+    assert_eq!(ns(&reply), vec![0, 1, 2, 3, 4, 5]);
+    let reply = pop(&app, "busy", "batch=10").await;
+    assert_eq!(ns(&reply), vec![0, 1, 2]);
 }
 
 /// The consumer rows of partition `p`, as the ack leaves them.
