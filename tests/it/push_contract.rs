@@ -190,3 +190,35 @@ async fn options_preflight_and_unknown_routes() {
     assert_eq!(health.body["status"], "healthy");
     assert_eq!(app.get("/health/live").await.status, 200);
 }
+
+#[actix_web::test]
+async fn segments_are_compressed_with_lz4_and_read_back_verbatim() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    // A compressible segment: 100 alike JSON payloads of a few hundred bytes each.
+    let text = "the same words again and again ".repeat(12);
+    let items: Vec<Value> = (0..100)
+        .map(|i| json!({ "queue": "lz", "partition": "p", "payload": { "n": i, "text": text } }))
+        .collect();
+    let reply = app.push(json!(items)).await;
+    assert_eq!(reply.status, 201, "{:?}", reply.body);
+
+    let mut conn = db.conn().await;
+    let (method, stored, raw): (Option<String>, i32, i32) = sqlx::query_as(
+        "SELECT pg_column_compression(frames), pg_column_size(frames), octet_length(frames)
+           FROM queen.segments",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(method.as_deref(), Some("lz4"));
+    assert!(stored < raw / 2, "stored {stored} of {raw} bytes");
+
+    let popped = app.get("/api/v1/pop/queue/lz?batch=100&autoAck=true").await;
+    assert_eq!(popped.status, 200, "{:?}", popped.body);
+    let messages = popped.body["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 100);
+    for (i, m) in messages.iter().enumerate() {
+        assert_eq!(m["data"], json!({ "n": i, "text": text }));
+    }
+}

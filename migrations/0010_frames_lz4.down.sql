@@ -1,0 +1,1 @@
+ALTER TABLE queen.segments ALTER COLUMN frames SET COMPRESSION default;
