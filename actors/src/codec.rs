@@ -209,6 +209,29 @@ impl<'a> Reader<'a> {
         self.opt_str()?.ok_or(CodecError(null))
     }
 
+    /// Steps over an `item` by its lengths, without checking its strings.
+    ///
+    /// # Errors
+    ///
+    /// `truncated`, or `null transaction id`.
+    pub fn skip_item(&mut self) -> Result<(), CodecError> {
+        self.take(16 + 8)?;
+        let txn = u16::from_le_bytes(self.array()?);
+        if txn == NULL {
+            return Err(CodecError("null transaction id"));
+        }
+        self.take(txn as usize)?;
+        for _ in 0..2 {
+            let len = u16::from_le_bytes(self.array()?);
+            if len != NULL {
+                self.take(len as usize)?;
+            }
+        }
+        let len = self.u32()? as usize;
+        self.take(len)?;
+        Ok(())
+    }
+
     /// An `item`.
     ///
     /// # Errors

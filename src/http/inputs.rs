@@ -21,7 +21,7 @@ pub fn check_request(
     path: &str,
     query: &str,
 ) -> Result<(), ProtocolError> {
-    for def in patterns {
+    for def in patterns.iter().filter(|def| def.is_match(path)) {
         let mut matched = Path::new(path.to_string());
         if def.capture_match_info(&mut matched) {
             for (name, value) in matched.iter() {

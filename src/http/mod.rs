@@ -70,8 +70,13 @@ impl Route {
 /// Every route the broker serves, each listed once: method, path, capability and handler.
 #[rustfmt::skip]
 pub fn routes() -> Vec<Route> {
+    // The hot routes first: the auth gate and the input checks try the paths in this order on
+    // every request.
     vec![
         Route::new(Method::POST, "/api/v1/push", Capability::Produce, |r| r.to(push::push)),
+        Route::new(Method::GET, "/api/v1/pop/queue/{queue}", Capability::Consume, |r| r.to(pop::pop_queue)),
+        Route::new(Method::POST, "/api/v1/ack/batch", Capability::Consume, |r| r.to(ack::ack_batch)),
+        Route::new(Method::POST, "/api/v1/ack", Capability::Consume, |r| r.to(ack::ack)),
         Route::new(Method::POST, "/api/v1/configure", Capability::Configure, |r| r.to(configure::configure)),
         Route::new(Method::GET, "/api/v1/resources/queues", Capability::Read, |r| r.to(resources::list_queues)),
         Route::new(Method::GET, "/api/v1/resources/queues/{queue}", Capability::Read, |r| r.to(resources::queue_detail)),
@@ -81,11 +86,8 @@ pub fn routes() -> Vec<Route> {
         Route::new(Method::GET, "/api/v1/resources/overview", Capability::Read, |r| r.to(resources::overview)),
         Route::new(Method::GET, "/api/v1/messages", Capability::Read, |r| r.to(messages::list)),
         Route::new(Method::GET, "/api/v1/messages/{partitionId}/{transactionId}", Capability::Read, |r| r.to(messages::detail)),
-        Route::new(Method::GET, "/api/v1/pop/queue/{queue}", Capability::Consume, |r| r.to(pop::pop_queue)),
         Route::new(Method::GET, "/api/v1/pop/queue/{queue}/partition/{partition}", Capability::Consume, |r| r.to(pop::pop_partition)),
         Route::new(Method::GET, "/api/v1/pop", Capability::Consume, |r| r.to(pop::pop_matching)),
-        Route::new(Method::POST, "/api/v1/ack", Capability::Consume, |r| r.to(ack::ack)),
-        Route::new(Method::POST, "/api/v1/ack/batch", Capability::Consume, |r| r.to(ack::ack_batch)),
         Route::new(Method::POST, "/api/v1/lease/{lease_id}/extend", Capability::Consume, |r| r.to(lease::extend)),
         Route::new(Method::POST, "/api/v1/transaction", Capability::ProduceAndConsume, |r| r.to(transaction::transaction)),
         Route::new(Method::GET, "/api/v1/consumer-groups", Capability::Read, |r| r.to(groups::list)),

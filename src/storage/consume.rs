@@ -112,12 +112,13 @@ impl Delivery {
         let mut out = Vec::with_capacity(self.count);
         let end = self.first_offset + self.count as i64;
         for seg in &self.segments {
-            for (n, frame) in frames::decode(&seg.frames)?.into_iter().enumerate() {
-                let offset = seg.base_offset + n as i64;
-                if offset >= self.first_offset
-                    && offset < end
-                    && self.deleted.binary_search(&offset).is_err()
-                {
+            // Only the delivered frames are decoded: those before the range are stepped over,
+            // and nothing after it is read.
+            let skip = (self.first_offset - seg.base_offset).max(0);
+            let decoded = frames::decode_from(&seg.frames, skip as usize)?;
+            for (offset, frame) in (seg.base_offset + skip..end).zip(decoded) {
+                let frame = frame?;
+                if self.deleted.binary_search(&offset).is_err() {
                     out.push(frame);
                 }
             }
@@ -1106,24 +1107,32 @@ impl Collect<'_, '_> {
         let mut visible_at: Option<DateTime<Utc>> = None;
         let delay_micros = i64::from(self.queue.delay_secs) * 1_000_000;
         let now_micros = db_now.timestamp_micros();
+        let corrupt = |source| StorageError::CorruptSegment {
+            partition: partition_id,
+            source,
+        };
         'segments: for seg in &segments {
-            let decoded =
-                frames::decode(&seg.frames).map_err(|source| StorageError::CorruptSegment {
-                    partition: partition_id,
-                    source,
-                })?;
-            for (n, frame) in decoded.iter().enumerate() {
-                let offset = seg.base_offset + n as i64;
-                if offset < first {
-                    continue;
-                }
+            // Counting needs the frames only to read their times (a delayed queue); the
+            // answer decodes the delivered ones (`Delivery::frames`).
+            let skip = (first - seg.base_offset).max(0);
+            let mut times = if delay_micros > 0 {
+                Some(frames::decode_from(&seg.frames, skip as usize).map_err(corrupt)?)
+            } else {
+                None
+            };
+            for offset in seg.base_offset + skip..seg.base_offset + seg.count {
                 if count as i64 >= want {
                     break 'segments;
                 }
-                if delay_micros > 0 && frame.created_at_micros + delay_micros > now_micros {
-                    visible_at =
-                        DateTime::from_timestamp_micros(frame.created_at_micros + delay_micros);
-                    break 'segments;
+                if let Some(times) = times.as_mut() {
+                    let Some(frame) = times.next().transpose().map_err(corrupt)? else {
+                        break;
+                    };
+                    if frame.created_at_micros + delay_micros > now_micros {
+                        visible_at =
+                            DateTime::from_timestamp_micros(frame.created_at_micros + delay_micros);
+                        break 'segments;
+                    }
                 }
                 count += 1;
                 if deleted.binary_search(&offset).is_err() {

@@ -98,6 +98,62 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Frame<'_>>, FrameError> {
     Ok(frames)
 }
 
+/// The frames of a segment from the `skip`-th on, decoded one at a time as they are read: the
+/// skipped ones are stepped over by their lengths, and nothing past the last one asked for is
+/// read.
+///
+/// # Errors
+///
+/// [`FrameError`] when the version byte or a skipped frame does not decode; a later frame that
+/// does not decode is an `Err` item, and the last one.
+pub fn decode_from(bytes: &[u8], skip: usize) -> Result<Frames<'_>, FrameError> {
+    let mut reader = Reader::new(bytes);
+    let encrypted = match reader.u8().map_err(|e| FrameError(e.0))? {
+        VERSION => false,
+        VERSION_SEALED => true,
+        _ => return Err(FrameError("unknown version")),
+    };
+    for _ in 0..skip {
+        if reader.is_done() {
+            break;
+        }
+        reader.skip_item().map_err(|e| FrameError(e.0))?;
+    }
+    Ok(Frames {
+        reader,
+        encrypted,
+        failed: false,
+    })
+}
+
+/// The frames [`decode_from`] reads lazily.
+pub struct Frames<'a> {
+    reader: Reader<'a>,
+    encrypted: bool,
+    failed: bool,
+}
+
+impl<'a> Iterator for Frames<'a> {
+    type Item = Result<Frame<'a>, FrameError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed || self.reader.is_done() {
+            return None;
+        }
+        Some(match self.reader.item() {
+            Ok(item) => {
+                let mut frame = Frame::from(item);
+                frame.encrypted = self.encrypted;
+                Ok(frame)
+            }
+            Err(e) => {
+                self.failed = true;
+                Err(FrameError(e.0))
+            }
+        })
+    }
+}
+
 impl<'a> From<ItemRef<'a>> for Frame<'a> {
     fn from(item: ItemRef<'a>) -> Self {
         Self {
@@ -167,6 +223,38 @@ mod tests {
             .unwrap()
             .iter()
             .all(|f| !f.encrypted));
+    }
+
+    #[test]
+    fn decode_from_skips_frames_and_reads_the_rest_lazily() {
+        let items: Vec<Item> = (0..5)
+            .map(|i| {
+                item(
+                    &format!("t{i}"),
+                    &i.to_string(),
+                    (i % 2 == 0).then_some("s"),
+                )
+            })
+            .collect();
+        let bytes = encode(items.iter());
+        for skip in 0..=6 {
+            let got: Vec<Frame<'_>> = decode_from(&bytes, skip)
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            let want: Vec<Frame<'_>> = decode(&bytes).unwrap().into_iter().skip(skip).collect();
+            assert_eq!(got, want, "skip {skip}");
+        }
+        // A broken frame past the skipped ones is one error, then the end.
+        let mut broken = bytes.clone();
+        broken.truncate(bytes.len() - 1);
+        let mut frames = decode_from(&broken, 3).unwrap();
+        assert!(frames.next().unwrap().is_ok());
+        assert!(frames.next().unwrap().is_err());
+        assert!(frames.next().is_none());
+        // A broken frame among the skipped ones fails the call.
+        assert!(decode_from(&bytes[..30], 1).is_err());
+        assert!(decode_from(&[9], 0).is_err());
     }
 
     /// A segment as stored before the codec was shared: stored segments keep decoding.
