@@ -83,19 +83,7 @@ pub fn encode_sealed<'a>(
 ///
 /// [`FrameError`] when the bytes are not a segment written by [`encode`].
 pub fn decode(bytes: &[u8]) -> Result<Vec<Frame<'_>>, FrameError> {
-    let mut r = Reader::new(bytes);
-    let encrypted = match r.u8().map_err(|e| FrameError(e.0))? {
-        VERSION => false,
-        VERSION_SEALED => true,
-        _ => return Err(FrameError("unknown version")),
-    };
-    let mut frames = Vec::new();
-    while !r.is_done() {
-        let mut frame = Frame::from(r.item().map_err(|e| FrameError(e.0))?);
-        frame.encrypted = encrypted;
-        frames.push(frame);
-    }
-    Ok(frames)
+    decode_from(bytes, 0)?.collect()
 }
 
 /// The frames of a segment from the `skip`-th on, decoded one at a time as they are read: the
