@@ -819,6 +819,7 @@ impl Collect<'_, '_> {
         // The oldest xmin of the chunks' snapshots (they only grow).
         let mut xmin: Option<i64> = None;
         let mut first_chunk = true;
+        let mut joined = false;
         while !self.done() {
             let rows: Vec<Candidate> = sqlx::query_as(SCAN_SQL)
                 .bind(self.queue.id)
@@ -846,6 +847,14 @@ impl Collect<'_, '_> {
             let mut order: Vec<usize> = (start..rows.len()).chain(0..start).collect();
             if untouched_first && first_chunk {
                 order.sort_by_key(|&n| rows[n].committed.is_some());
+            }
+            if !joined && rows.iter().any(|r| r.committed.is_none()) {
+                // Partitions the group never touched: give the group a row on each of them
+                // at once, so the one-statement pop finds them (it claims only rows that
+                // exist) instead of one full pop per partition, a few of which a broker runs
+                // per second.
+                join_untouched(conn, self.queue.id, self.req.group, cursor, self.sub.from).await?;
+                joined = true;
             }
             first_chunk = false;
             for n in order {
@@ -1260,6 +1269,59 @@ impl Collect<'_, '_> {
         .await?;
         Ok(())
     }
+}
+
+/// Untouched partitions given a row per statement at most (oldest writes first).
+const JOIN_ROWS: i64 = 1024;
+
+/// Gives the group a row on the partitions written at or after `from_write` (a point of the
+/// write order) that it has never touched ([`JOIN_ROWS`] at most, oldest writes first): no
+/// lease, the committed offset where the group starts on that partition (as a first claim
+/// would set it, from the subscription start `since`), and a request for attention when
+/// there is something past it, which the one-statement pop serves in request order. Rows are
+/// inserted in partition id order, so concurrent calls never wait on each other in a cycle; a
+/// row another pop created meanwhile is left as it is.
+async fn join_untouched(
+    conn: &mut PgConnection,
+    queue_id: i64,
+    group: &str,
+    from_write: (i64, i64),
+    since: Option<DateTime<Utc>>,
+) -> Result<(), StorageError> {
+    let joined = sqlx::query(&format!(
+        "INSERT INTO queen.partition_consumers
+                (partition_id, consumer_group, queue_id, committed_offset, attention_at)
+         SELECT w.id, $2, w.queue_id, s.start,
+                CASE WHEN s.start < w.next_offset THEN now() END
+           FROM (SELECT w.id, w.queue_id, w.next_offset
+                   FROM queen.partitions w
+                  WHERE w.queue_id = $1
+                    AND (w.last_write_xid, w.id) >= ($3, $4)
+                  ORDER BY w.last_write_xid, w.id
+                  LIMIT $5) w
+          CROSS JOIN LATERAL (SELECT {start} AS start) s
+          WHERE NOT EXISTS (SELECT 1
+                              FROM queen.partition_consumers c
+                             WHERE c.partition_id = w.id AND c.consumer_group = $2)
+          ORDER BY w.id
+         ON CONFLICT (partition_id, consumer_group) DO NOTHING",
+        start = start_offset_sql("w.id", "$6::timestamptz")
+    ))
+    .bind(queue_id)
+    .bind(group)
+    .bind(from_write.0)
+    .bind(from_write.1)
+    .bind(JOIN_ROWS)
+    .bind(since)
+    .execute(conn)
+    .await?;
+    tracing::debug!(
+        queue_id,
+        group,
+        rows = joined.rows_affected(),
+        "group joined untouched partitions"
+    );
+    Ok(())
 }
 
 /// Clears a caught-up row's request for attention (and its run-out lease), unless it has

@@ -34,3 +34,76 @@ async fn a_partition_never_touched_is_served_while_others_always_have_messages()
         "the untouched partition waited behind the backlog: {served:?}"
     );
 }
+
+/// A group's first look at a queue gives it a row on every partition it never touched (no
+/// lease; a request for attention where messages wait; the start its subscription asks for),
+/// so the one-statement pop serves them all instead of one full pop per partition: each
+/// following long-poll brings another partition's messages, each exactly once.
+#[actix_web::test]
+async fn a_new_group_joins_every_untouched_partition_at_its_first_look() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    for p in 0..40 {
+        push_n(&app, "join", &format!("p{p}"), p * 10, 2).await;
+    }
+    // An empty partition: the group joins it too, caught up, asking for nothing.
+    {
+        let mut conn = db.conn().await;
+        sqlx::query(
+            "INSERT INTO queen.partitions (queue_id, name)
+             SELECT id, 'empty' FROM queen.queues WHERE name = 'join'",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+    let first = pop(&app, "join", "consumerGroup=g&batch=2").await;
+    assert_eq!(messages(&first).len(), 2);
+
+    let rows: Vec<(String, i64, bool, bool)> = {
+        let mut conn = db.conn().await;
+        sqlx::query_as(
+            "SELECT p.name, c.committed_offset, c.attention_at IS NOT NULL,
+                    COALESCE(c.lease_expires_at > now(), false)
+               FROM queen.partition_consumers c
+               JOIN queen.partitions p ON p.id = c.partition_id
+              WHERE c.consumer_group = 'g'
+              ORDER BY p.name",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap()
+    };
+    assert_eq!(rows.len(), 41, "{rows:?}");
+    let leased: Vec<&String> = rows.iter().filter(|r| r.3).map(|r| &r.0).collect();
+    assert_eq!(leased, vec![first.body["partition"].as_str().unwrap()]);
+    for (name, committed, attention, live) in &rows {
+        assert_eq!(*committed, 0, "{name}");
+        if name == "empty" || *live {
+            assert!(!attention, "{name} asks for attention");
+        } else {
+            assert!(attention, "{name} waits without asking for attention");
+        }
+    }
+    ack_all(&app, &first, "completed", Some("g")).await;
+
+    let mut seen: Vec<i64> = ns(&first);
+    for _ in 0..39 {
+        let reply = pop(
+            &app,
+            "join",
+            "consumerGroup=g&batch=2&wait=true&timeout=5000",
+        )
+        .await;
+        let got = ns(&reply);
+        assert_eq!(got.len(), 2, "{:?}", reply.body);
+        assert_eq!(got[1], got[0] + 1, "in order within the partition");
+        ack_all(&app, &reply, "completed", Some("g")).await;
+        seen.extend(got);
+    }
+    seen.sort_unstable();
+    let want: Vec<i64> = (0..40).flat_map(|p| [p * 10, p * 10 + 1]).collect();
+    assert_eq!(seen, want);
+    let rest = pop(&app, "join", "consumerGroup=g&batch=2").await;
+    assert_eq!(rest.status, 204, "{:?}", rest.body);
+}
