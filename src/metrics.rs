@@ -28,7 +28,6 @@ use prometheus::{
 };
 
 use crate::storage::acks::{Ack, AckOutcome, AckStatus};
-use crate::storage::consume::Popped;
 
 /// Latency buckets in seconds: 0.5 ms .. 10 s.
 const LATENCY: &[f64] = &[
@@ -447,25 +446,19 @@ impl Metrics {
         }
     }
 
-    /// The messages a pop hands out, and how old each one is.
-    pub fn popped(&self, popped: &Popped) {
+    /// The messages a pop hands out (`messages`), and how old each one is, from the creation
+    /// times of the frames the answer was written from (decoded once, by the pop route).
+    pub fn popped(&self, messages: u64, created_at_micros: impl IntoIterator<Item = i64>) {
         if !self.enabled {
             return;
         }
         let now = now_micros();
         let age = self.pop_age.local();
-        let mut count = 0;
-        for d in &popped.deliveries {
-            count += d.count as u64;
-            // A segment that does not decode is reported by the answer itself (500).
-            if let Ok(frames) = d.frames() {
-                for f in frames {
-                    age.observe((now - f.created_at_micros).max(0) as f64 / 1e6);
-                }
-            }
+        for created in created_at_micros {
+            age.observe((now - created).max(0) as f64 / 1e6);
         }
         age.flush();
-        self.pop_messages.inc_by(count);
+        self.pop_messages.inc_by(messages);
     }
 
     /// The outcome of each ack of a request.

@@ -138,8 +138,9 @@ impl WakeHub {
     /// Wakes pops waiting on this partition or any queue, and **one** queue-level pop of each
     /// consumer group of the queue: a written partition can be leased by one consumer of a
     /// group only, so waking them all would send the others to PostgreSQL for nothing. A pop
-    /// that finds messages passes the wake on ([`WakeHub::pass_on`]), so a write larger than
-    /// one batch still reaches further waiters.
+    /// that fills its batch passes the wake on ([`WakeHub::pass_on`]), so a write larger than
+    /// one batch still reaches further waiters; an ack that ends a lease with messages left
+    /// behind rings this too (`http/ack.rs`).
     pub fn wake(&self, queue: &str, partition: &str) {
         let waiters = self.waiters.lock().expect("wake hub lock poisoned");
         if waiters.by_key.is_empty() {
@@ -166,7 +167,7 @@ impl WakeHub {
     }
 
     /// Wakes one more queue-level pop waiting on `key`, if another one is registered: the
-    /// caller found messages, so there may be more for the next waiter.
+    /// caller filled its batch, so there may be more for the next waiter.
     pub fn pass_on(&self, key: &WakeKey) {
         if !matches!(key, WakeKey::Queue(_) | WakeKey::Group(..)) {
             return;

@@ -14,12 +14,17 @@ async fn apply(state: &AppState, list: Vec<Ack>) -> Result<HttpResponse, ApiErro
     let outcomes = with_db(state, async {
         // The common ack joins the others waiting to be committed together.
         if let Some(plan) = acks::plan_completed_fast(&state.cache, &list)? {
-            if let Some(released) = state.ack_group.apply(plan.ack).await {
+            if let Some(applied) = state.ack_group.apply(plan.ack).await {
+                if applied.left_behind {
+                    // The release left messages behind: a waiting consumer takes them now
+                    // rather than at its next wake-up or re-check.
+                    state.wake.wake(&plan.queue, &plan.partition);
+                }
                 return Ok(acks::fast_outcomes(
                     &list,
                     &plan.queue,
                     &plan.partition,
-                    released,
+                    applied.released,
                 ));
             }
         }

@@ -22,8 +22,9 @@ use crate::protocol::time::push_micros_iso;
 use crate::settings::Settings;
 use crate::state::AppState;
 use crate::storage::cache::WOKEN_FULL_POP_EVERY;
-use crate::storage::consume::{self, PopRequest, Popped, SubscriptionStart, QUEUE_MODE};
+use crate::storage::consume::{self, Delivery, PopRequest, Popped, SubscriptionStart, QUEUE_MODE};
 use crate::storage::crypto::{self, PayloadKey};
+use crate::storage::frames::Frame;
 use crate::storage::StorageError;
 use crate::wake::WakeKey;
 
@@ -209,11 +210,22 @@ async fn serve(
         })
         .await?;
         if let Some(popped) = popped {
-            state.metrics.popped(&popped);
-            if params.wait {
+            let decoded = decode(&popped)?;
+            let messages: usize = popped.deliveries.iter().map(|d| d.count).sum();
+            state.metrics.popped(
+                messages as u64,
+                decoded
+                    .iter()
+                    .flat_map(|(_, frames)| frames.iter().map(|f| f.created_at_micros)),
+            );
+            // A pop that filled its batch may have left more behind for the next waiter; one
+            // that did not took all its partition had (other written partitions rang their
+            // own wake-ups), so waking another waiter would only send it to PostgreSQL for
+            // nothing.
+            if params.wait && messages >= params.batch {
                 state.wake.pass_on(&key);
             }
-            return respond(&popped, &params.group, state.payload_key.as_ref());
+            return respond(&popped, &decoded, &params.group, state.payload_key.as_ref());
         }
         let now = Instant::now();
         if !params.wait || now >= deadline {
@@ -241,11 +253,28 @@ macro_rules! write {
     };
 }
 
+/// The delivered frames of each delivery, decoded once for the answer and the metrics.
+type Decoded<'p> = Vec<(&'p Delivery, Vec<Frame<'p>>)>;
+
+/// Decodes the delivered frames of every delivery of `popped`.
+fn decode(popped: &Popped) -> Result<Decoded<'_>, ApiError> {
+    let mut decoded = Vec::with_capacity(popped.deliveries.len());
+    for d in &popped.deliveries {
+        let frames = d.frames().map_err(|source| StorageError::CorruptSegment {
+            partition: d.partition_id,
+            source,
+        })?;
+        decoded.push((d, frames));
+    }
+    Ok(decoded)
+}
+
 /// Writes the pop answer (§4.3) straight from the stored frames: every payload was validated
 /// JSON when it was pushed and is stored verbatim, so it is copied into the body as it is,
 /// never parsed again. The other fields are JSON-escaped strings, UUIDs and integers.
 fn respond(
     popped: &Popped,
+    decoded: &Decoded<'_>,
     group: &str,
     key: Option<&PayloadKey>,
 ) -> Result<HttpResponse, ApiError> {
@@ -254,16 +283,11 @@ fn respond(
         .deliveries
         .first()
         .expect("a pop that yielded has a delivery");
-    let mut decoded = Vec::with_capacity(popped.deliveries.len());
-    let mut size = 256;
-    for d in &popped.deliveries {
-        let frames = d.frames().map_err(|source| StorageError::CorruptSegment {
-            partition: d.partition_id,
-            source,
-        })?;
-        size += frames.iter().map(|f| f.payload.len() + 400).sum::<usize>();
-        decoded.push((d, frames));
-    }
+    let size = 256
+        + decoded
+            .iter()
+            .flat_map(|(_, frames)| frames.iter().map(|f| f.payload.len() + 400))
+            .sum::<usize>();
     let mut out = Vec::with_capacity(size);
     let lease_json = json_str(&lease);
     let group_json = json_str(group);
@@ -283,7 +307,7 @@ fn respond(
     out.extend_from_slice(b",\"messages\":[");
     let mut comma = false;
     let mut uuid_buf = uuid::Uuid::encode_buffer();
-    for (d, frames) in &decoded {
+    for (d, frames) in decoded {
         let partition_json = json_str(&d.partition);
         let partition_uuid = d.partition_uuid.hyphenated().to_string();
         let retry_count = d.retry_count.to_string();

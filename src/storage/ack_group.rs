@@ -26,9 +26,19 @@ use crate::storage::acks::FastAck;
 /// Plans applied by one statement at most.
 const MAX_GROUP: usize = 256;
 
-/// What a waiting request gets back: `Some(released)` when its plan was applied (`released`:
-/// the lease ended with it), `None` when it must take the general path.
-type Reply = oneshot::Sender<Option<bool>>;
+/// What an applied plan did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    /// The lease ended with it.
+    pub released: bool,
+    /// It ended the lease with messages left behind in the partition (the row now asks for
+    /// attention): a waiting consumer may take them at once.
+    pub left_behind: bool,
+}
+
+/// What a waiting request gets back: `Some` when its plan was applied, `None` when it must take
+/// the general path.
+type Reply = oneshot::Sender<Option<Applied>>;
 
 /// The grouped statement. The plans arrive sorted by (partition, group), so the rows are
 /// locked in the order every ack transaction uses.
@@ -59,7 +69,7 @@ UPDATE queen.partition_consumers c
    AND c.leased_from = a.from_
    AND c.leased_to = a.to_
    AND c.committed_offset < a.end_
-RETURNING a.n, a.end_ >= a.to_";
+RETURNING a.n, a.end_ >= a.to_, a.end_ >= a.to_ AND c.attention_at IS NOT NULL";
 
 /// The handle the ack routes use; cheap to clone.
 #[derive(Clone)]
@@ -78,9 +88,9 @@ impl AckGroup {
         Self { jobs }
     }
 
-    /// Applies `ack` together with whatever other plans are waiting: `Some(released)` when it
-    /// was applied, `None` when the request must take the general path.
-    pub async fn apply(&self, ack: FastAck) -> Option<bool> {
+    /// Applies `ack` together with whatever other plans are waiting: `Some` when it was
+    /// applied, `None` when the request must take the general path.
+    pub async fn apply(&self, ack: FastAck) -> Option<Applied> {
         let (reply, answer) = oneshot::channel();
         if self.jobs.send((ack, reply)).is_err() {
             return None;
@@ -141,16 +151,16 @@ async fn apply_group(pool: &PgPool, mut group: Vec<(FastAck, Reply)>) {
     }
 }
 
-/// Runs [`GROUP_SQL`] for `plans`: per plan, in order, whether it was applied and if so whether
-/// its lease ended.
-async fn run(pool: &PgPool, plans: &[FastAck]) -> Result<Vec<Option<bool>>, sqlx::Error> {
+/// Runs [`GROUP_SQL`] for `plans`: per plan, in order, whether it was applied and if so what
+/// it did.
+async fn run(pool: &PgPool, plans: &[FastAck]) -> Result<Vec<Option<Applied>>, sqlx::Error> {
     let pids: Vec<i64> = plans.iter().map(|p| p.partition_id).collect();
     let groups: Vec<&str> = plans.iter().map(|p| p.group.as_str()).collect();
     let leases: Vec<Uuid> = plans.iter().map(|p| p.lease).collect();
     let froms: Vec<i64> = plans.iter().map(|p| p.from).collect();
     let ends: Vec<i64> = plans.iter().map(|p| p.end).collect();
     let tos: Vec<i64> = plans.iter().map(|p| p.to).collect();
-    let rows: Vec<(i64, bool)> = sqlx::query_as(GROUP_SQL)
+    let rows: Vec<(i64, bool, bool)> = sqlx::query_as(GROUP_SQL)
         .bind(&pids)
         .bind(&groups)
         .bind(&leases)
@@ -160,10 +170,13 @@ async fn run(pool: &PgPool, plans: &[FastAck]) -> Result<Vec<Option<bool>>, sqlx
         .fetch_all(pool)
         .await?;
     let mut applied = vec![None; plans.len()];
-    for (n, released) in rows {
+    for (n, released, left_behind) in rows {
         // `n` is the plan's 1-based position in the arrays.
         if let Some(slot) = usize::try_from(n - 1).ok().and_then(|i| applied.get_mut(i)) {
-            *slot = Some(released);
+            *slot = Some(Applied {
+                released,
+                left_behind,
+            });
         }
     }
     Ok(applied)

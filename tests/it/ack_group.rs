@@ -100,7 +100,11 @@ async fn a_plan_applied_once_is_not_applied_again_by_its_twins() {
         group.apply(plan.ack.clone()),
         group.apply(plan.ack.clone())
     );
-    let applied: Vec<bool> = [a, b, c].into_iter().flatten().collect();
+    let applied: Vec<bool> = [a, b, c]
+        .into_iter()
+        .flatten()
+        .map(|applied| applied.released)
+        .collect();
     assert_eq!(applied, vec![true], "one applied, releasing the lease");
     assert_eq!(
         committed(&db, "q", QUEUE_MODE).await,

@@ -141,3 +141,36 @@ async fn a_look_that_skipped_the_full_pop_looks_in_full_a_moment_later() {
         "the untouched partition waited {took:?} (recheck interval 30 s)"
     );
 }
+
+/// An ack that ends a lease with messages left in the partition wakes a waiting consumer: the
+/// messages are handed out at once, not at the next push or re-check (30 s here) nor by the
+/// last look a long-poll takes at its timeout (20 s here).
+#[actix_web::test]
+async fn an_ack_that_leaves_messages_behind_wakes_a_waiting_pop() {
+    let db = fresh_db().await;
+    let app = spawn_app_with(test_settings(&db, &[("QUEEN_POP_RECHECK_MS", "30000")])).await;
+    push_n(&app, "q", "p", 0, 2).await;
+    let first = pop(&app, "q", "batch=1").await;
+    assert_eq!(ns(&first), vec![0]);
+
+    let waiting = async {
+        let reply = pop(&app, "q", "batch=1&wait=true&timeout=20000").await;
+        (reply, Instant::now())
+    };
+    let acking = async {
+        registered(&app, &WakeKey::Queue("q".into())).await;
+        // Past the waiting pop's first looks (a long-poll's first look is followed by a full
+        // one 20 ms later): from here on only a wake-up or the 30 s re-check moves it.
+        actix_web::rt::time::sleep(Duration::from_millis(300)).await;
+        let acked = ack_all(&app, &first, "completed", None).await;
+        assert_eq!(acked[0]["success"], true, "{acked}");
+        Instant::now()
+    };
+    let ((reply, popped_at), acked_at) = futures_util::join!(waiting, acking);
+    assert_eq!(ns(&reply), vec![1], "{:?}", reply.body);
+    let late = popped_at.saturating_duration_since(acked_at);
+    assert!(
+        late < Duration::from_secs(5),
+        "the message left behind was handed out {late:?} after the ack"
+    );
+}
