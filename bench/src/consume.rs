@@ -314,6 +314,7 @@ pub async fn pop_ack(
         consumed_total,
         committed_offsets: committed,
         live_leases: live,
+        segment_msgs: None,
         check,
     }));
     Ok(m)
@@ -459,6 +460,17 @@ pub async fn end_to_end(
     m.wal_bytes_per_msg = c0.wal_until(&c1, server).await? / (m.msgs_per_sec * secs);
     let (check, consumed_total, committed, live) =
         finish(&mut m, url, &plogs, &clogs, primed, true).await?;
+    let segment_msgs = match (&c0.mark, &c1.mark) {
+        (Some(a), Some(b)) => {
+            let mut conn = PgConnection::connect(url).await?;
+            let (msgs, segs) = db::segments_between(&mut conn, a, b).await?;
+            m.msgs_per_segment = (segs > 0).then(|| msgs as f64 / segs as f64);
+            let sizes = db::segment_sizes_between(&mut conn, a, b).await?;
+            conn.close().await?;
+            sizes
+        }
+        _ => None,
+    };
     if !drained {
         m.problems.push(format!(
             "not drained within {} s: {} of {expected} consumed",
@@ -496,6 +508,7 @@ pub async fn end_to_end(
         consumed_total,
         committed_offsets: committed,
         live_leases: live,
+        segment_msgs,
         check,
     }));
     Ok(m)

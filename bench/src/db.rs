@@ -395,6 +395,34 @@ pub async fn segments_between(
     Ok(row)
 }
 
+/// Messages per segment of the segments committed inside a window: 10th, 50th and 90th
+/// percentile (`None` when there were none).
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn segment_sizes_between(
+    conn: &mut PgConnection,
+    a: &Mark,
+    b: &Mark,
+) -> Result<Option<(f64, f64, f64)>, BoxError> {
+    let row: (Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(
+        "SELECT percentile_cont(0.1) WITHIN GROUP (ORDER BY msg_count),
+                percentile_cont(0.5) WITHIN GROUP (ORDER BY msg_count),
+                percentile_cont(0.9) WITHIN GROUP (ORDER BY msg_count)
+           FROM queen.segments
+          WHERE created_at >= $1::timestamptz AND created_at < $2::timestamptz",
+    )
+    .bind(&a.at)
+    .bind(&b.at)
+    .fetch_one(conn)
+    .await?;
+    Ok(match row {
+        (Some(p10), Some(p50), Some(p90)) => Some((p10, p50, p90)),
+        _ => None,
+    })
+}
+
 /// Every message stored in the database's segments.
 ///
 /// # Errors

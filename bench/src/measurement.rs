@@ -201,6 +201,9 @@ pub struct ConsumeDetail {
     pub committed_offsets: i64,
     /// Leases still live at the end.
     pub live_leases: i64,
+    /// Messages per segment written in the window, 10th/50th/90th percentile (end-to-end): what
+    /// a consumer reads per row.
+    pub segment_msgs: Option<(f64, f64, f64)>,
     /// Every consumed message checked against its push's verdict.
     pub check: traffic::Check,
 }

@@ -1413,8 +1413,14 @@ pub fn detail_line(m: &Measurement) -> Option<String> {
             num(d.ack_ms.0, 1),
             num(d.ack_ms.1, 1),
             d.end_to_end_ms.map_or(String::new(), |t| format!(
-                ", end-to-end p50/p90/p99/max {:.1}/{:.1}/{:.1}/{:.0} ms",
-                t.p50, t.p90, t.p99, t.max
+                ", end-to-end p50/p90/p99/max {:.1}/{:.1}/{:.1}/{:.0} ms{}",
+                t.p50,
+                t.p90,
+                t.p99,
+                t.max,
+                d.segment_msgs.map_or(String::new(), |(p10, p50, p90)| format!(
+                    ", segments written p10/p50/p90 {p10:.0}/{p50:.0}/{p90:.0} msgs"
+                ))
             )),
             if d.drain_secs.is_finite() {
                 format!(
