@@ -232,26 +232,6 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    /// The transaction id of the next `item`, stepping over the rest of it by its lengths (the
-    /// payload is neither copied nor checked).
-    ///
-    /// # Errors
-    ///
-    /// `truncated`, `null transaction id` or `string not utf-8`.
-    pub fn item_transaction_id(&mut self) -> Result<&'a str, CodecError> {
-        self.take(16 + 8)?;
-        let transaction_id = self.str("null transaction id")?;
-        for _ in 0..2 {
-            let len = u16::from_le_bytes(self.array()?);
-            if len != NULL {
-                self.take(len as usize)?;
-            }
-        }
-        let len = self.u32()? as usize;
-        self.take(len)?;
-        Ok(transaction_id)
-    }
-
     /// An `item`.
     ///
     /// # Errors
@@ -311,9 +291,6 @@ mod tests {
         assert_eq!(item_len(&item()), ITEM.len());
         let mut r = Reader::new(&ITEM);
         assert_eq!(r.item().unwrap().to_item(), item());
-        assert!(r.is_done());
-        let mut r = Reader::new(&ITEM);
-        assert_eq!(r.item_transaction_id().unwrap(), "txn-1");
         assert!(r.is_done());
     }
 

@@ -464,19 +464,18 @@ pub fn plan_completed_fast(
     let Some(segments) = cache.covering(range.partition_id, range.from, range.to) else {
         return Ok(None);
     };
-    // Only the transaction ids inside the leased range are read; payloads are stepped over.
     let mut by_txn: HashMap<&str, i64> = HashMap::new();
     for seg in &segments {
-        let skip = (range.from - seg.base_offset).max(0);
-        let take = (range.to - seg.base_offset - skip).max(0);
-        let ids = frames::transaction_ids_from(&seg.frames, skip as usize, take as usize).map_err(
-            |source| StorageError::CorruptSegment {
+        let frames =
+            frames::decode(&seg.frames).map_err(|source| StorageError::CorruptSegment {
                 partition: range.partition_id,
                 source,
-            },
-        )?;
-        for (offset, id) in (seg.base_offset + skip..range.to).zip(ids) {
-            by_txn.entry(id).or_insert(offset);
+            })?;
+        for (n, frame) in frames.iter().enumerate() {
+            let offset = seg.base_offset + n as i64;
+            if offset >= range.from && offset < range.to {
+                by_txn.entry(frame.transaction_id).or_insert(offset);
+            }
         }
     }
     let mut end = range.from;

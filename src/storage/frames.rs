@@ -142,36 +142,6 @@ impl<'a> Iterator for Frames<'a> {
     }
 }
 
-/// The transaction ids of at most `take` of a segment's frames from the `skip`-th on, in
-/// offset order, read without decoding (or checking) the payloads: what an ack needs to place
-/// its messages.
-///
-/// # Errors
-///
-/// [`FrameError`] when the bytes are not a segment written by [`encode`] or [`encode_sealed`].
-pub fn transaction_ids_from(
-    bytes: &[u8],
-    skip: usize,
-    take: usize,
-) -> Result<Vec<&str>, FrameError> {
-    let mut reader = Reader::new(bytes);
-    match reader.u8().map_err(|e| FrameError(e.0))? {
-        VERSION | VERSION_SEALED => {}
-        _ => return Err(FrameError("unknown version")),
-    }
-    for _ in 0..skip {
-        if reader.is_done() {
-            return Ok(Vec::new());
-        }
-        reader.skip_item().map_err(|e| FrameError(e.0))?;
-    }
-    let mut out = Vec::new();
-    while out.len() < take && !reader.is_done() {
-        out.push(reader.item_transaction_id().map_err(|e| FrameError(e.0))?);
-    }
-    Ok(out)
-}
-
 impl<'a> From<ItemRef<'a>> for Frame<'a> {
     fn from(item: ItemRef<'a>) -> Self {
         Self {
@@ -218,22 +188,6 @@ mod tests {
             assert_eq!(f.producer_sub, i.producer_sub.as_deref());
             assert_eq!(f.created_at_micros, i.arrived_at_micros);
         }
-    }
-
-    #[test]
-    fn transaction_ids_are_read_from_an_offset_without_the_payloads() {
-        let items = [
-            item("a", r#"{"b":1}"#, None),
-            item("", "null", Some("alice")),
-            item("ü", "\"x\"", None),
-        ];
-        let bytes = encode(items.iter());
-        assert_eq!(transaction_ids_from(&bytes, 0, 10).unwrap(), ["a", "", "ü"]);
-        assert_eq!(transaction_ids_from(&bytes, 1, 10).unwrap(), ["", "ü"]);
-        assert_eq!(transaction_ids_from(&bytes, 0, 2).unwrap(), ["a", ""]);
-        assert!(transaction_ids_from(&bytes, 5, 10).unwrap().is_empty());
-        assert!(transaction_ids_from(&bytes[..bytes.len() - 1], 0, 10).is_err());
-        assert!(transaction_ids_from(&[7], 0, 10).is_err());
     }
 
     #[test]
