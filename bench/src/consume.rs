@@ -463,11 +463,11 @@ pub async fn end_to_end(
     let segment_msgs = match (&c0.mark, &c1.mark) {
         (Some(a), Some(b)) => {
             let mut conn = PgConnection::connect(url).await?;
-            let (msgs, segs) = db::segments_between(&mut conn, a, b).await?;
-            m.msgs_per_segment = (segs > 0).then(|| msgs as f64 / segs as f64);
-            let sizes = db::segment_sizes_between(&mut conn, a, b).await?;
+            let stats = db::segment_stats_between(&mut conn, a, b).await?;
             conn.close().await?;
-            sizes
+            m.msgs_per_segment =
+                (stats.segments > 0).then(|| stats.msgs as f64 / stats.segments as f64);
+            stats.sizes
         }
         _ => None,
     };

@@ -383,31 +383,34 @@ pub async fn segments_between(
     a: &Mark,
     b: &Mark,
 ) -> Result<(i64, i64), BoxError> {
-    let row: (i64, i64) = sqlx::query_as(
-        "SELECT COALESCE(sum(msg_count), 0)::int8, count(*)
-           FROM queen.segments
-          WHERE created_at >= $1::timestamptz AND created_at < $2::timestamptz",
-    )
-    .bind(&a.at)
-    .bind(&b.at)
-    .fetch_one(conn)
-    .await?;
-    Ok(row)
+    let stats = segment_stats_between(conn, a, b).await?;
+    Ok((stats.msgs, stats.segments))
 }
 
-/// Messages per segment of the segments committed inside a window: 10th, 50th and 90th
-/// percentile (`None` when there were none).
+/// What [`segment_stats_between`] counts.
+pub struct SegmentStats {
+    /// Messages in the window's segments.
+    pub msgs: i64,
+    /// Segments committed in the window.
+    pub segments: i64,
+    /// Messages per segment: 10th, 50th and 90th percentile (`None` without segments).
+    pub sizes: Option<(f64, f64, f64)>,
+}
+
+/// The segments committed inside a window: how many, their messages, and their sizes.
 ///
 /// # Errors
 ///
 /// Any database error.
-pub async fn segment_sizes_between(
+pub async fn segment_stats_between(
     conn: &mut PgConnection,
     a: &Mark,
     b: &Mark,
-) -> Result<Option<(f64, f64, f64)>, BoxError> {
-    let row: (Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(
-        "SELECT percentile_cont(0.1) WITHIN GROUP (ORDER BY msg_count),
+) -> Result<SegmentStats, BoxError> {
+    type Row = (i64, i64, Option<f64>, Option<f64>, Option<f64>);
+    let (msgs, segments, p10, p50, p90): Row = sqlx::query_as(
+        "SELECT COALESCE(sum(msg_count), 0)::int8, count(*),
+                percentile_cont(0.1) WITHIN GROUP (ORDER BY msg_count),
                 percentile_cont(0.5) WITHIN GROUP (ORDER BY msg_count),
                 percentile_cont(0.9) WITHIN GROUP (ORDER BY msg_count)
            FROM queen.segments
@@ -417,9 +420,13 @@ pub async fn segment_sizes_between(
     .bind(&b.at)
     .fetch_one(conn)
     .await?;
-    Ok(match row {
-        (Some(p10), Some(p50), Some(p90)) => Some((p10, p50, p90)),
-        _ => None,
+    Ok(SegmentStats {
+        msgs,
+        segments,
+        sizes: match (p10, p50, p90) {
+            (Some(p10), Some(p50), Some(p90)) => Some((p10, p50, p90)),
+            _ => None,
+        },
     })
 }
 
