@@ -1275,10 +1275,11 @@ impl Collect<'_, '_> {
 const JOIN_ROWS: i64 = 1024;
 
 /// Gives the group a row on the partitions written at or after `from_write` (a point of the
-/// write order) that it has never touched ([`JOIN_ROWS`] at most, oldest writes first): no
-/// lease, the committed offset where the group starts on that partition (as a first claim
-/// would set it, from the subscription start `since`), and a request for attention when
-/// there is something past it, which the one-statement pop serves in request order. Rows are
+/// write order) that it has never touched and that hold messages for it ([`JOIN_ROWS`] at
+/// most, oldest writes first): no lease, the committed offset where the group starts on that
+/// partition (as a first claim would set it, from the subscription start `since`), and a
+/// request for attention, which the one-statement pop serves in request order. A partition
+/// with nothing for the group gets no row, as before: its first claim makes one. Rows are
 /// inserted in partition id order, so concurrent calls never wait on each other in a cycle; a
 /// row another pop created meanwhile is left as it is.
 async fn join_untouched(
@@ -1291,8 +1292,7 @@ async fn join_untouched(
     let joined = sqlx::query(&format!(
         "INSERT INTO queen.partition_consumers
                 (partition_id, consumer_group, queue_id, committed_offset, attention_at)
-         SELECT w.id, $2, w.queue_id, s.start,
-                CASE WHEN s.start < w.next_offset THEN now() END
+         SELECT w.id, $2, w.queue_id, s.start, now()
            FROM (SELECT w.id, w.queue_id, w.next_offset
                    FROM queen.partitions w
                   WHERE w.queue_id = $1
@@ -1300,7 +1300,8 @@ async fn join_untouched(
                   ORDER BY w.last_write_xid, w.id
                   LIMIT $5) w
           CROSS JOIN LATERAL (SELECT {start} AS start) s
-          WHERE NOT EXISTS (SELECT 1
+          WHERE s.start < w.next_offset
+            AND NOT EXISTS (SELECT 1
                               FROM queen.partition_consumers c
                              WHERE c.partition_id = w.id AND c.consumer_group = $2)
           ORDER BY w.id

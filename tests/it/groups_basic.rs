@@ -239,3 +239,44 @@ async fn group_routes_list_lag_seek_and_delete() {
     assert_eq!(r.body["rowsUpdated"], 1);
     assert_eq!(r.body["newTimestamp"], "2000-01-01T00:00:00.000Z");
 }
+
+/// A `new` group whose first look meets partitions written before it subscribed (here still in
+/// its scan, because a transaction older than them was running) takes no row on them: one later
+/// pop of several partitions then gathers everything written since, old partition and new alike,
+/// as a first contact does.
+#[actix_web::test]
+async fn a_new_group_takes_no_row_on_history_it_skips() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    // A transaction with an id, older than every write below, holds the snapshots' xmin back.
+    let mut old = db.conn().await;
+    sqlx::query("BEGIN").execute(&mut old).await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut old)
+        .await
+        .unwrap();
+    push_n(&app, "q", "p", 0, 3).await;
+    assert_eq!(
+        pop(&app, "q", "consumerGroup=late&subscriptionMode=new")
+            .await
+            .status,
+        204
+    );
+    let rows: i64 = {
+        let mut conn = db.conn().await;
+        sqlx::query_scalar(
+            "SELECT count(*) FROM queen.partition_consumers WHERE consumer_group = 'late'",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+    };
+    assert_eq!(rows, 0, "a row on history the group skips");
+    push_n(&app, "q", "p", 3, 2).await;
+    push_n(&app, "q", "fresh", 10, 1).await;
+    let got = pop(&app, "q", "batch=10&partitions=5&consumerGroup=late").await;
+    let mut seen = ns(&got);
+    seen.sort_unstable();
+    assert_eq!(seen, vec![3, 4, 10]);
+    sqlx::query("ROLLBACK").execute(&mut old).await.unwrap();
+}
