@@ -2,7 +2,7 @@
 //! contact, and the group routes.
 
 use crate::support::consuming::*;
-use crate::support::{fresh_db, spawn_app, TestDb};
+use crate::support::{fresh_db, spawn_app, TestApp, TestDb};
 use serde_json::{json, Value};
 
 async fn db_now(db: &TestDb) -> String {
@@ -51,19 +51,7 @@ async fn every_group_sees_every_message_with_its_own_cursor() {
 async fn subscription_new_skips_history_on_first_contact_only() {
     let db = fresh_db().await;
     let app = spawn_app(&db).await;
-    push_n(&app, "q", "p", 0, 3).await;
-    assert_eq!(
-        pop(&app, "q", "consumerGroup=late&subscriptionMode=new")
-            .await
-            .status,
-        204
-    );
-    push_n(&app, "q", "p", 3, 2).await;
-    push_n(&app, "q", "fresh", 10, 1).await;
-    let got = pop(&app, "q", "batch=10&partitions=5&consumerGroup=late").await;
-    let mut seen = ns(&got);
-    seen.sort_unstable();
-    assert_eq!(seen, vec![3, 4, 10]);
+    a_late_group_sees_only_what_follows(&app, &db).await;
 
     // Queue mode always starts from the beginning; the choice is made on first contact.
     assert_eq!(
@@ -255,9 +243,17 @@ async fn a_new_group_takes_no_row_on_history_it_skips() {
         .execute(&mut old)
         .await
         .unwrap();
-    push_n(&app, "q", "p", 0, 3).await;
+    a_late_group_sees_only_what_follows(&app, &db).await;
+    sqlx::query("ROLLBACK").execute(&mut old).await.unwrap();
+}
+
+/// Partition `p` has a history, then group `late` subscribes `new` (nothing for it, and no row
+/// on the history it skips), then `p` and a new partition are written: one pop of several
+/// partitions brings exactly what followed the subscription.
+async fn a_late_group_sees_only_what_follows(app: &TestApp, db: &TestDb) {
+    push_n(app, "q", "p", 0, 3).await;
     assert_eq!(
-        pop(&app, "q", "consumerGroup=late&subscriptionMode=new")
+        pop(app, "q", "consumerGroup=late&subscriptionMode=new")
             .await
             .status,
         204
@@ -272,11 +268,10 @@ async fn a_new_group_takes_no_row_on_history_it_skips() {
         .unwrap()
     };
     assert_eq!(rows, 0, "a row on history the group skips");
-    push_n(&app, "q", "p", 3, 2).await;
-    push_n(&app, "q", "fresh", 10, 1).await;
-    let got = pop(&app, "q", "batch=10&partitions=5&consumerGroup=late").await;
+    push_n(app, "q", "p", 3, 2).await;
+    push_n(app, "q", "fresh", 10, 1).await;
+    let got = pop(app, "q", "batch=10&partitions=5&consumerGroup=late").await;
     let mut seen = ns(&got);
     seen.sort_unstable();
     assert_eq!(seen, vec![3, 4, 10]);
-    sqlx::query("ROLLBACK").execute(&mut old).await.unwrap();
 }
