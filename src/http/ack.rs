@@ -14,7 +14,11 @@ async fn apply(state: &AppState, list: Vec<Ack>) -> Result<HttpResponse, ApiErro
     let outcomes = with_db(state, async {
         // The common ack joins the others waiting to be committed together.
         if let Some(plan) = acks::plan_completed_fast(&state.cache, &list)? {
+            let (lease, partition) = (plan.ack.lease, list[0].partition);
             if let Some(applied) = state.ack_group.apply(plan.ack).await {
+                if applied.released {
+                    state.cache.forget_lease(lease, partition);
+                }
                 if applied.left_behind {
                     // The release left messages behind: a waiting consumer takes them now
                     // rather than at its next wake-up or re-check.

@@ -25,6 +25,7 @@ use crate::storage::cache::WOKEN_FULL_POP_EVERY;
 use crate::storage::consume::{self, Delivery, PopRequest, Popped, SubscriptionStart, QUEUE_MODE};
 use crate::storage::crypto::{self, PayloadKey};
 use crate::storage::frames::Frame;
+use crate::storage::lease_txns::LeaseTxns;
 use crate::storage::StorageError;
 use crate::wake::WakeKey;
 
@@ -211,12 +212,22 @@ async fn serve(
         .await?;
         if let Some(popped) = popped {
             let decoded = decode(&popped)?;
+            if let Some(lease) = popped.lease_id {
+                // The acks of this lease find their messages by these ids, not by reading the
+                // segments again.
+                for (d, frames) in &decoded {
+                    let ids = frames.iter().map(|(o, f)| (*o, f.transaction_id));
+                    if let Some(txns) = LeaseTxns::new(ids) {
+                        state.cache.index_lease(lease, d.partition_uuid, txns);
+                    }
+                }
+            }
             let messages: usize = popped.deliveries.iter().map(|d| d.count).sum();
             state.metrics.popped(
                 messages as u64,
                 decoded
                     .iter()
-                    .flat_map(|(_, frames)| frames.iter().map(|f| f.created_at_micros)),
+                    .flat_map(|(_, frames)| frames.iter().map(|(_, f)| f.created_at_micros)),
             );
             // A pop that filled its batch may have left more behind for the next waiter; one
             // that did not took all its partition had (other written partitions rang their
@@ -254,7 +265,7 @@ macro_rules! write {
 }
 
 /// The delivered frames of each delivery, decoded once for the answer and the metrics.
-type Decoded<'p> = Vec<(&'p Delivery, Vec<Frame<'p>>)>;
+type Decoded<'p> = Vec<(&'p Delivery, Vec<(i64, Frame<'p>)>)>;
 
 /// Decodes the delivered frames of every delivery of `popped`.
 fn decode(popped: &Popped) -> Result<Decoded<'_>, ApiError> {
@@ -286,7 +297,7 @@ fn respond(
     let size = 256
         + decoded
             .iter()
-            .flat_map(|(_, frames)| frames.iter().map(|f| f.payload.len() + 400))
+            .flat_map(|(_, frames)| frames.iter().map(|(_, f)| f.payload.len() + 400))
             .sum::<usize>();
     let mut out = Vec::with_capacity(size);
     let lease_json = json_str(&lease);
@@ -311,7 +322,7 @@ fn respond(
         let partition_json = json_str(&d.partition);
         let partition_uuid = d.partition_uuid.hyphenated().to_string();
         let retry_count = d.retry_count.to_string();
-        for f in frames {
+        for (_, f) in frames {
             let opened;
             let payload = if f.encrypted {
                 match crypto::open_with(key, f.payload) {

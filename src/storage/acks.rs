@@ -426,7 +426,8 @@ fn holds_all(
 
 /// The common ack, decided without PostgreSQL: every ack of the request is `completed`, names
 /// the same lease on the same partition and group, and that lease is one this broker handed out
-/// with all its messages still cached. The plan is applied by [`crate::storage::ack_group`],
+/// — its offsets found by the transaction ids the pop recorded, or else in its segments when
+/// they are all still cached. The plan is applied by [`crate::storage::ack_group`],
 /// which groups the plans of concurrent requests into one statement and one commit; a plan it
 /// could not apply (the lease ran out, the range moved, the offset is already past) sends the
 /// request down the general path ([`apply`]), which decides every other case. `None`: not the
@@ -461,6 +462,31 @@ pub fn plan_completed_fast(
     let Some(range) = cache.leased(lease, first.partition) else {
         return Ok(None);
     };
+    let plan = |end| FastPlan {
+        ack: FastAck {
+            partition_id: range.partition_id,
+            group: first.group.clone(),
+            lease,
+            from: range.from,
+            end,
+            to: range.to,
+        },
+        queue: range.queue.clone(),
+        partition: range.partition.clone(),
+    };
+    if let Some(txns) = &range.txns {
+        // The ids the pop handed out: no segment is read.
+        let mut end = range.from;
+        let mut hint = 0;
+        for ack in acks {
+            let Some((n, offset)) = txns.find(&ack.transaction_id, hint) else {
+                return Ok(None);
+            };
+            end = end.max(offset + 1);
+            hint = n + 1;
+        }
+        return Ok(Some(plan(end)));
+    }
     let Some(segments) = cache.covering(range.partition_id, range.from, range.to) else {
         return Ok(None);
     };
@@ -485,18 +511,7 @@ pub fn plan_completed_fast(
             None => return Ok(None),
         }
     }
-    Ok(Some(FastPlan {
-        ack: FastAck {
-            partition_id: range.partition_id,
-            group: first.group.clone(),
-            lease,
-            from: range.from,
-            end,
-            to: range.to,
-        },
-        queue: range.queue.clone(),
-        partition: range.partition.clone(),
-    }))
+    Ok(Some(plan(end)))
 }
 
 /// A fast ack's plan: the statement's values and what the answer names.

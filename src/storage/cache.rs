@@ -18,12 +18,15 @@
 //! with bytes no pop of this broker reads, and copy them on the push path for nothing.
 //!
 //! Beside the segments it remembers the ranges this broker leased out (lease id, partition →
-//! offsets), so the common ack — every message of a live lease `completed` — is one
-//! conditional statement: the statement checks that the lease and its range are still what
-//! was remembered, and the general path runs whenever they are not.
+//! offsets) and the transaction ids each handed out ([`LeaseTxns`], under a byte budget of
+//! their own), so the common ack — every message of a live lease `completed` — is one
+//! conditional statement that reads no segment: the statement checks that the lease and its
+//! range are still what was remembered, and the general path runs whenever they are not.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
+
+use crate::storage::lease_txns::LeaseTxns;
 
 /// One cached segment: its frames, exactly as stored.
 #[derive(Debug)]
@@ -63,6 +66,10 @@ pub const CONSUMED_FOR: std::time::Duration = std::time::Duration::from_secs(60)
 /// Leases remembered at most (oldest forgotten first).
 const MAX_LEASES: usize = 16_384;
 
+/// Bytes of leases' transaction ids kept at most (the oldest leases lose theirs first; their
+/// acks then read the segments).
+const LEASE_IDS_BYTES: usize = 4 << 20;
+
 /// A range this broker leased out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeasedRange {
@@ -76,12 +83,29 @@ pub struct LeasedRange {
     pub queue: Arc<str>,
     /// Partition name.
     pub partition: Arc<str>,
+    /// The transaction ids handed out, when the pop's answer recorded them
+    /// ([`SegmentCache::index_lease`]).
+    pub txns: Option<Arc<LeaseTxns>>,
 }
+
+type LeaseKey = (uuid::Uuid, uuid::Uuid);
 
 #[derive(Debug, Default)]
 struct Leases {
-    by_key: HashMap<(uuid::Uuid, uuid::Uuid), LeasedRange>,
-    order: VecDeque<(uuid::Uuid, uuid::Uuid)>,
+    by_key: HashMap<LeaseKey, LeasedRange>,
+    order: VecDeque<LeaseKey>,
+    /// Leases given transaction ids, oldest first (some may be forgotten since).
+    indexed: VecDeque<LeaseKey>,
+    /// Bytes of the transaction ids held.
+    txn_bytes: usize,
+}
+
+impl Leases {
+    fn forget(&mut self, key: &LeaseKey) {
+        if let Some(gone) = self.by_key.remove(key) {
+            self.txn_bytes -= gone.txns.map_or(0, |t| t.bytes());
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -260,14 +284,58 @@ impl SegmentCache {
     /// Remembers that `lease` covers `range` of the partition with wire id `partition`.
     pub fn remember_lease(&self, lease: uuid::Uuid, partition: uuid::Uuid, range: LeasedRange) {
         let mut leases = self.leases.lock().expect("lease book lock poisoned");
-        if leases.by_key.insert((lease, partition), range).is_none() {
-            leases.order.push_back((lease, partition));
+        let key = (lease, partition);
+        match leases.by_key.insert(key, range) {
+            Some(old) => leases.txn_bytes -= old.txns.map_or(0, |t| t.bytes()),
+            None => leases.order.push_back(key),
         }
         while leases.order.len() > MAX_LEASES {
             if let Some(old) = leases.order.pop_front() {
-                leases.by_key.remove(&old);
+                leases.forget(&old);
             }
         }
+    }
+
+    /// Records the transaction ids `lease` handed out on `partition` (a remembered lease;
+    /// nothing when the cache is off). The oldest leases lose theirs past [`LEASE_IDS_BYTES`].
+    pub fn index_lease(&self, lease: uuid::Uuid, partition: uuid::Uuid, txns: LeaseTxns) {
+        if self.capacity == 0 {
+            return;
+        }
+        let key = (lease, partition);
+        let bytes = txns.bytes();
+        let mut guard = self.leases.lock().expect("lease book lock poisoned");
+        let leases = &mut *guard;
+        let Some(range) = leases.by_key.get_mut(&key) else {
+            return;
+        };
+        let before = range.txns.replace(Arc::new(txns)).map_or(0, |t| t.bytes());
+        leases.txn_bytes = leases.txn_bytes + bytes - before;
+        leases.indexed.push_back(key);
+        while leases.txn_bytes > LEASE_IDS_BYTES || leases.indexed.len() > MAX_LEASES {
+            let Some(old) = leases.indexed.pop_front() else {
+                break;
+            };
+            if let Some(gone) = leases.by_key.get_mut(&old).and_then(|r| r.txns.take()) {
+                leases.txn_bytes -= gone.bytes();
+            }
+        }
+    }
+
+    /// Forgets a lease that ended (its last ack released it).
+    pub fn forget_lease(&self, lease: uuid::Uuid, partition: uuid::Uuid) {
+        self.leases
+            .lock()
+            .expect("lease book lock poisoned")
+            .forget(&(lease, partition));
+    }
+
+    /// Bytes of leases' transaction ids held.
+    pub fn lease_id_bytes(&self) -> usize {
+        self.leases
+            .lock()
+            .expect("lease book lock poisoned")
+            .txn_bytes
     }
 
     /// The range `lease` covers on `partition`, when this broker handed it out.

@@ -103,12 +103,13 @@ pub struct Delivery {
 }
 
 impl Delivery {
-    /// The delivered messages, in offset order, borrowing from the segments.
+    /// The delivered messages with their offsets, in offset order, borrowing from the
+    /// segments.
     ///
     /// # Errors
     ///
     /// [`FrameError`] when a segment does not decode.
-    pub fn frames(&self) -> Result<Vec<Frame<'_>>, FrameError> {
+    pub fn frames(&self) -> Result<Vec<(i64, Frame<'_>)>, FrameError> {
         let mut out = Vec::with_capacity(self.count);
         let end = self.first_offset + self.count as i64;
         for seg in &self.segments {
@@ -119,7 +120,7 @@ impl Delivery {
             for (offset, frame) in (seg.base_offset + skip..end).zip(decoded) {
                 let frame = frame?;
                 if self.deleted.binary_search(&offset).is_err() {
-                    out.push(frame);
+                    out.push((offset, frame));
                 }
             }
         }
@@ -315,6 +316,7 @@ fn finish(req: &PopRequest<'_>, queue: &str, lease_id: Uuid, deliveries: Vec<Del
                     to: d.first_offset + d.count as i64,
                     queue: queue_name.clone(),
                     partition: Arc::from(d.partition.as_str()),
+                    txns: None,
                 },
             );
         }

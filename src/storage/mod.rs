@@ -34,6 +34,7 @@ pub mod error;
 pub mod frames;
 pub mod groups;
 pub mod hosts;
+pub mod lease_txns;
 pub mod leases;
 pub mod messages;
 pub mod partitions;

@@ -3,10 +3,12 @@
 //! what exists and who holds a lease. Proven here: a segment removed by retention is not
 //! delivered from the cache, data written by another broker is read and served correctly, a
 //! lease that ran out while its messages are cached is redelivered and its old lease refused,
-//! and the one-statement ack agrees with the general path.
+//! the one-statement ack agrees with the general path, and it finds its messages by the
+//! transaction ids the pop recorded when no segment is cached.
 
 use crate::support::consuming::*;
-use crate::support::{fresh_db, spawn_app, spawn_app_with, test_settings, TestApp, TestDb};
+use crate::support::{fresh_db, spawn_app, spawn_app_with, test_settings, Reply, TestApp, TestDb};
+use queen_broker::storage::acks::{plan_completed_fast, Ack, AckStatus};
 use serde_json::{json, Value};
 
 #[actix_web::test]
@@ -247,4 +249,119 @@ async fn the_pop_answer_is_valid_json_with_every_field_escaped_and_the_payload_v
         "{created}"
     );
     assert!(created.ends_with('Z'));
+}
+
+/// The acks of `reply`'s messages as the ack routes read them (all `completed`).
+fn acks_of(reply: &Reply) -> Vec<Ack> {
+    messages(reply)
+        .iter()
+        .enumerate()
+        .map(|(index, m)| Ack {
+            index,
+            partition: m["partitionId"].as_str().unwrap().parse().unwrap(),
+            transaction_id: m["transactionId"].as_str().unwrap().to_string(),
+            status: AckStatus::Completed,
+            group: m["consumerGroup"].as_str().unwrap().to_string(),
+            lease_id: m["leaseId"].as_str().map(str::to_string),
+            error: None,
+        })
+        .collect()
+}
+
+#[actix_web::test]
+async fn acks_find_their_messages_by_the_ids_the_pop_recorded_without_any_segment() {
+    // A one-byte cache keeps no segment (each is larger), but the broker still records the
+    // transaction ids its pops hand out.
+    let db = fresh_db().await;
+    let app = spawn_app_with(test_settings(&db, &[("QUEEN_SEGMENT_CACHE_BYTES", "1")])).await;
+    assert_eq!(pop(&app, "q", "batch=10").await.status, 204);
+    push_n(&app, "q", "p", 0, 5).await;
+    let pid = partition_id(&db, "p").await;
+    let reply = pop(&app, "q", "batch=3").await;
+    assert_eq!(ns(&reply), vec![0, 1, 2]);
+    assert!(app.broker.state.cache.get(pid, 0).is_none());
+    let cache = &app.broker.state.cache;
+    assert!(cache.lease_id_bytes() > 0);
+
+    // The one-statement ack is planned from the ids alone: all three, in order or not.
+    let acks = acks_of(&reply);
+    let plan = plan_completed_fast(cache, &acks)
+        .unwrap()
+        .expect("a fast plan");
+    assert_eq!((plan.ack.from, plan.ack.end, plan.ack.to), (0, 3, 3));
+    let reversed: Vec<Ack> = acks.iter().rev().cloned().collect();
+    let plan = plan_completed_fast(cache, &reversed)
+        .unwrap()
+        .expect("a fast plan");
+    assert_eq!(plan.ack.end, 3);
+    let first_two = plan_completed_fast(cache, &acks[..2])
+        .unwrap()
+        .expect("a fast plan");
+    assert_eq!(first_two.ack.end, 2);
+    // An id the lease did not hand out is for the general path to answer.
+    let mut stranger = acks.clone();
+    stranger[1].transaction_id = "not-in-this-lease".into();
+    assert!(plan_completed_fast(cache, &stranger).unwrap().is_none());
+
+    // Applied, it ends the lease, and the broker forgets the ids with it.
+    let acked = ack_all(&app, &reply, "completed", None).await;
+    assert!(acked
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|a| a["success"] == true));
+    assert_eq!(acked[2]["leaseReleased"], true);
+    assert_eq!(cache.lease_id_bytes(), 0);
+    assert!(plan_completed_fast(cache, &acks).unwrap().is_none());
+    assert_eq!(consumer_state(&db).await["committed"], 3);
+    assert_eq!(ns(&pop(&app, "q", "batch=10").await), vec![3, 4]);
+}
+
+#[actix_web::test]
+async fn the_ack_by_recorded_ids_answers_as_the_general_path_does() {
+    let db_ids = fresh_db().await;
+    let ids = spawn_app_with(test_settings(
+        &db_ids,
+        &[("QUEEN_SEGMENT_CACHE_BYTES", "1")],
+    ))
+    .await;
+    let by_ids = ack_story(&ids, &db_ids).await;
+    let db_slow = fresh_db().await;
+    let slow = spawn_app_with(test_settings(
+        &db_slow,
+        &[("QUEEN_SEGMENT_CACHE_BYTES", "0")],
+    ))
+    .await;
+    assert_eq!(by_ids, ack_story(&slow, &db_slow).await);
+}
+
+#[actix_web::test]
+async fn a_lease_that_ran_out_keeps_no_say_through_its_recorded_ids() {
+    let db = fresh_db().await;
+    let app = spawn_app_with(test_settings(&db, &[("QUEEN_SEGMENT_CACHE_BYTES", "1")])).await;
+    push_n(&app, "q", "p", 0, 4).await;
+    let first = pop(&app, "q", "batch=4").await;
+    assert_eq!(ns(&first), vec![0, 1, 2, 3]);
+    db.exec("UPDATE queen.partition_consumers SET lease_expires_at = now() - interval '1 second'")
+        .await;
+    // The broker still holds the old lease's ids; PostgreSQL says the lease ended.
+    assert!(
+        plan_completed_fast(&app.broker.state.cache, &acks_of(&first))
+            .unwrap()
+            .is_some()
+    );
+    let late = ack_all(&app, &first, "completed", None).await;
+    for a in late.as_array().unwrap() {
+        assert_eq!(a["success"], false, "{a}");
+        assert_eq!(a["error"], "Invalid or expired lease");
+    }
+    let again = pop(&app, "q", "batch=4").await;
+    assert_eq!(ns(&again), vec![0, 1, 2, 3]);
+    let acked = ack_all(&app, &again, "completed", None).await;
+    assert!(acked
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|a| a["success"] == true));
+    assert_eq!(consumer_state(&db).await["committed"], 4);
 }
