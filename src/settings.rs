@@ -27,6 +27,8 @@ pub enum Kind {
     Count,
     /// A positive number of milliseconds.
     Millis,
+    /// A number of milliseconds, 0 or more.
+    MillisOrZero,
     /// A positive number of seconds.
     Seconds,
     /// A number of seconds, 0 or more.
@@ -51,6 +53,7 @@ impl Kind {
             Kind::Port => "expected a port number (0-65535)".into(),
             Kind::Count | Kind::Millis | Kind::Seconds => "expected a positive integer".into(),
             Kind::SecondsOrZero => "expected a number of seconds (0 or more)".into(),
+            Kind::MillisOrZero => "expected a number of milliseconds (0 or more)".into(),
             Kind::Bytes => "expected a number of bytes (0 or more)".into(),
             Kind::Bool => "expected true or false".into(),
             Kind::Choice(words) => format!("expected {}", or_list(words, "")),
@@ -61,7 +64,7 @@ impl Kind {
     /// The unit written after a default in the documentation.
     fn unit(self) -> &'static str {
         match self {
-            Kind::Millis => " ms",
+            Kind::Millis | Kind::MillisOrZero => " ms",
             Kind::Seconds | Kind::SecondsOrZero => " s",
             Kind::Bytes => " bytes",
             _ => "",
@@ -194,6 +197,7 @@ variables! {
     QUEEN_PRIVATE_PG_PROBE, "queen_private_pg_probe", Value("127.0.0.1:5432"), Text, "where a local PostgreSQL is looked for before a private one is started";
     QUEEN_COMMITTERS, "queen_committers", Value("2"), Count, "committer actors, each with its own connection";
     QUEEN_COMMITTER_SPILL_ITEMS, "queen_committer_spill_items", Value("256"), Count, "items one committer holds before the next starts a parallel transaction";
+    QUEEN_CONSUMER_LAG_MS, "queen_consumer_lag_ms", Value("100"), MillisOrZero, "when a pop hands out a message that waited this long (its consumers are behind), pushes commit one transaction at a time for the next 250 ms instead of spilling into parallel ones, leaving CPU to the consumers (0 turns this off)";
     QUEEN_COMMIT_TIMEOUT_MS, "queen_commit_timeout_ms", Value("10000"), Millis, "a commit taking longer counts as PostgreSQL unreachable (its items are spooled)";
     QUEEN_SEGMENT_CACHE_BYTES, "queen_segment_cache_bytes", Value("8388608"), Bytes, "committed segments kept in memory for pops and acks, of queues popped on this broker within the last minute (0 turns the cache off)";
     QUEEN_PARTITION_MAX_PENDING, "queen_partition_max_pending", Value("100000"), Count, "items waiting in one partition before 503";
@@ -283,7 +287,7 @@ fn value_name(kind: Kind) -> &'static str {
         Kind::Path => "PATH",
         Kind::Port => "PORT",
         Kind::Count => "N",
-        Kind::Millis => "MS",
+        Kind::Millis | Kind::MillisOrZero => "MS",
         Kind::Seconds | Kind::SecondsOrZero => "SECONDS",
         Kind::Bytes => "BYTES",
         Kind::Bool => "true|false",
@@ -501,6 +505,9 @@ pub struct Settings {
     pub committers: usize,
     /// Items one committer holds before the next one is used.
     pub committer_spill_items: usize,
+    /// A popped message that waited this long makes pushes commit one transaction at a time
+    /// for a while (zero: never).
+    pub consumer_lag: Duration,
     /// Longest a commit may take before its items are spooled.
     pub commit_timeout: Duration,
     /// Bytes of committed segments kept in memory for pops and acks (0: none).
@@ -799,7 +806,7 @@ impl Source {
             .ok_or_else(|| invalid(v, "", "no value given and no default"))
     }
 
-    /// A `Millis`, `Seconds` or `SecondsOrZero` variable in its unit.
+    /// A `Bytes` variable.
     fn bytes(&self, v: &Variable) -> Result<u64, SettingsError> {
         debug_assert_eq!(v.kind, Kind::Bytes);
         let raw = self.required(v)?;
@@ -811,7 +818,7 @@ impl Source {
         let n: u64 = self.number(v, raw)?;
         match v.kind {
             Kind::Millis | Kind::Seconds if n == 0 => Err(invalid(v, raw, &v.kind.expected())),
-            Kind::Millis => Ok(Duration::from_millis(n)),
+            Kind::Millis | Kind::MillisOrZero => Ok(Duration::from_millis(n)),
             Kind::Seconds | Kind::SecondsOrZero => Ok(Duration::from_secs(n)),
             _ => Err(invalid(v, raw, "not a duration setting")),
         }
@@ -937,6 +944,7 @@ impl Settings {
             max_body_bytes: src.count(&QUEEN_MAX_BODY_BYTES)? as usize,
             committers: src.count(&QUEEN_COMMITTERS)? as usize,
             committer_spill_items: src.count(&QUEEN_COMMITTER_SPILL_ITEMS)? as usize,
+            consumer_lag: src.duration(&QUEEN_CONSUMER_LAG_MS)?,
             commit_timeout: src.duration(&QUEEN_COMMIT_TIMEOUT_MS)?,
             segment_cache_bytes: src.bytes(&QUEEN_SEGMENT_CACHE_BYTES)? as usize,
             max_inflight_bytes: src.count(&QUEEN_MAX_INFLIGHT_BYTES)? as usize,
@@ -1306,7 +1314,9 @@ mod tests {
 
     #[test]
     fn the_operations_guide_interval_table_is_the_settings_table() {
-        let table = markdown_table_of(|v| v.name.starts_with("QUEEN_") && v.kind == Kind::Millis);
+        let table = markdown_table_of(|v| {
+            v.name.starts_with("QUEEN_") && matches!(v.kind, Kind::Millis | Kind::MillisOrZero)
+        });
         assert!(
             generated(include_str!("../docs/operations.md"), "settings table QUEEN_*_MS") == table,
             "docs/operations.md's interval table is out of date; put this between the markers:\n{table}"

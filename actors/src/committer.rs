@@ -12,8 +12,9 @@
 //! not held back: only the segment that fails on its own is reported failed (and spooled by
 //! its partition actor, whose replay isolates the refused item).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use tokio::sync::oneshot;
@@ -199,10 +200,18 @@ impl<S: SegmentStore> Handler<SegmentReady> for Committer<S> {
 /// next one: fewer, fuller transactions, each paying one WAL flush. Only when every committer
 /// up to there is that full does the next one start a transaction in parallel; when all are,
 /// the least loaded one takes it.
+///
+/// While consumers of this broker are draining a backlog ([`CommitterPool::serialize_for`]),
+/// nothing spills: every segment waits for the first committer, whose next transaction merges
+/// all of them. Pushes then cost less CPU each (fuller transactions) and take less of the
+/// machine, and the consumers catch up instead of falling further behind.
 #[derive(Clone)]
 pub struct CommitterPool {
     committers: Arc<Vec<(Recipient<SegmentReady>, Arc<AtomicUsize>)>>,
     spill_items: usize,
+    /// Until when (milliseconds after `epoch`) nothing spills.
+    serial_until: Arc<AtomicU64>,
+    epoch: Instant,
 }
 
 impl CommitterPool {
@@ -218,7 +227,27 @@ impl CommitterPool {
         Self {
             committers: Arc::new(committers),
             spill_items,
+            serial_until: Arc::new(AtomicU64::new(0)),
+            epoch: Instant::now(),
         }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Commits one transaction at a time (no spilling) for the next `period`, e.g. because
+    /// consumers are draining a backlog; see the type's docs.
+    pub fn serialize_for(&self, period: Duration) {
+        let until = self
+            .now_ms()
+            .saturating_add(u64::try_from(period.as_millis()).unwrap_or(u64::MAX));
+        self.serial_until.fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// Whether segments spill to parallel transactions now.
+    pub fn spills(&self) -> bool {
+        self.now_ms() >= self.serial_until.load(Ordering::Relaxed)
     }
 
     /// Hands a segment to a committer; see the type's docs.
@@ -228,10 +257,14 @@ impl CommitterPool {
                 .iter()
                 .map(|(r, load)| (r, load, load.load(Ordering::Relaxed)))
         };
-        let (recipient, load, _) = loads()
-            .find(|(_, _, items)| *items < self.spill_items)
-            .or_else(|| loads().min_by_key(|(_, _, items)| *items))
-            .expect("the pool is never empty");
+        let pick = if self.spills() {
+            loads()
+                .find(|(_, _, items)| *items < self.spill_items)
+                .or_else(|| loads().min_by_key(|(_, _, items)| *items))
+        } else {
+            loads().next()
+        };
+        let (recipient, load, _) = pick.expect("the pool is never empty");
         load.fetch_add(ready.write.items.len(), Ordering::Relaxed);
         // Unbounded on purpose: each partition has at most one segment here, see module docs.
         recipient.do_send(ready);

@@ -178,6 +178,59 @@ async fn the_pool_fills_one_committer_before_the_next_one_starts() {
 }
 
 #[actix::test]
+async fn while_serialized_nothing_spills_and_the_waiting_segments_leave_together() {
+    let (first_store, mut first) = gated_store();
+    let (second_store, second) = gated_store();
+    let pool = CommitterPool::new(
+        vec![
+            committer(0, first_store, CommitterLimits::default()),
+            committer(1, second_store, CommitterLimits::default()),
+        ],
+        3,
+    );
+    let key = |name: &str| PartitionKey::new("q", name);
+    assert!(pool.spills());
+    pool.serialize_for(std::time::Duration::from_secs(60));
+    assert!(!pool.spills());
+
+    let s1 = submit(&pool, "s1-", 3);
+    assert_eq!(
+        first.next_commit().await,
+        vec![seg(&key("s1-"), &["s1-0", "s1-1", "s1-2"])]
+    );
+    // The first committer holds 3 (its spill limit), and still takes the next two.
+    let s2 = submit(&pool, "s2-", 2);
+    let s3 = submit(&pool, "s3-", 1);
+    first.release(3);
+    assert_eq!(
+        first.next_commit().await,
+        vec![
+            seg(&key("s2-"), &["s2-0", "s2-1"]),
+            seg(&key("s3-"), &["s3-0"])
+        ],
+        "segments waiting behind the one transaction leave together in the next one"
+    );
+    for (outcome, n) in [(s1, 3), (s2, 2), (s3, 1)] {
+        let outcome = outcome.await.unwrap().expect("committed");
+        assert_eq!(outcome.verdicts, vec![Verdict::Queued; n]);
+    }
+    assert!(
+        second.commits().is_empty(),
+        "the second committer never started"
+    );
+
+    // A shorter period never cuts a longer one short; once over, the pool spills again.
+    let (store, _probe) = gated_store();
+    let pool = CommitterPool::new(vec![committer(2, store, CommitterLimits::default())], 3);
+    pool.serialize_for(std::time::Duration::from_millis(30));
+    pool.serialize_for(std::time::Duration::from_millis(1));
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    assert!(!pool.spills());
+    std::thread::sleep(std::time::Duration::from_millis(40));
+    assert!(pool.spills());
+}
+
+#[actix::test]
 async fn a_committer_batch_stops_at_its_item_limit_without_splitting_a_segment() {
     let (store, mut probe) = gated_store();
     let limits = CommitterLimits {

@@ -222,6 +222,7 @@ async fn serve(
                     }
                 }
             }
+            yield_to_consumers(state, &decoded);
             let messages: usize = popped.deliveries.iter().map(|d| d.count).sum();
             state.metrics.popped(
                 messages as u64,
@@ -253,6 +254,31 @@ async fn serve(
         woken = tokio::time::timeout((deadline - now).min(recheck), notified)
             .await
             .is_ok();
+    }
+}
+
+/// How long pushes commit one transaction at a time after a pop found its consumers behind.
+const YIELD_FOR: Duration = Duration::from_millis(250);
+
+/// When the oldest message of this pop waited at least `QUEEN_CONSUMER_LAG_MS`, its consumers
+/// are behind: for a while, pushes commit one transaction at a time (fuller transactions,
+/// cheaper per message, and CPU left to the consumers) rather than spilling into parallel ones.
+fn yield_to_consumers(state: &AppState, decoded: &Decoded<'_>) {
+    let lag = state.settings.consumer_lag;
+    if lag.is_zero() {
+        return;
+    }
+    let oldest = decoded
+        .iter()
+        .filter_map(|(_, frames)| frames.first())
+        .map(|(_, f)| f.created_at_micros)
+        .min();
+    let Some(oldest) = oldest else {
+        return;
+    };
+    let waited = Utc::now().timestamp_micros().saturating_sub(oldest);
+    if waited >= i64::try_from(lag.as_micros()).unwrap_or(i64::MAX) {
+        state.committers.serialize_for(YIELD_FOR);
     }
 }
 

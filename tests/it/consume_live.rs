@@ -1,13 +1,14 @@
 //! Producers and consumers at the same time (the bench's end-to-end shape, small): every
 //! pushed message is consumed exactly once, in order per partition, and nothing is left
-//! behind unfound when the producers stop.
+//! behind unfound when the producers stop; consumers that fall behind make pushes commit one
+//! transaction at a time for a while.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::support::consuming::*;
-use crate::support::{fresh_db, spawn_app};
+use crate::support::{fresh_db, spawn_app, spawn_app_with, test_settings};
 use futures_util::future::join_all;
 use serde_json::json;
 
@@ -101,4 +102,36 @@ async fn live_producers_and_consumers_leave_nothing_behind() {
             .collect();
         assert_eq!(ns, &pushed, "partition {partition}");
     }
+}
+
+#[actix_web::test]
+async fn consumers_that_fall_behind_make_pushes_commit_one_transaction_at_a_time() {
+    let db = fresh_db().await;
+    let app = spawn_app_with(test_settings(&db, &[("QUEEN_CONSUMER_LAG_MS", "200")])).await;
+    let committers = &app.broker.state.committers;
+    push_n(&app, "q", "p", 0, 2).await;
+    // Popped at once: the consumers keep up, pushes may spill into parallel transactions.
+    let first = pop(&app, "q", "batch=1").await;
+    assert_eq!(ns(&first), vec![0]);
+    assert!(committers.spills());
+    ack_all(&app, &first, "completed", None).await;
+    // A message that waited longer than the lag: the consumers are behind.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let second = pop(&app, "q", "batch=1").await;
+    assert_eq!(ns(&second), vec![1]);
+    assert!(!committers.spills());
+    ack_all(&app, &second, "completed", None).await;
+    // For a while only: then pushes spill again, and what they wrote is consumed as usual.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(committers.spills());
+    push_n(&app, "q", "p", 2, 3).await;
+    assert_eq!(ns(&pop(&app, "q", "batch=10").await), vec![2, 3, 4]);
+
+    // Turned off, a late pop changes nothing.
+    let db = fresh_db().await;
+    let app = spawn_app_with(test_settings(&db, &[("QUEEN_CONSUMER_LAG_MS", "0")])).await;
+    push_n(&app, "q", "p", 0, 1).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(ns(&pop(&app, "q", "batch=1").await), vec![0]);
+    assert!(app.broker.state.committers.spills());
 }
