@@ -254,21 +254,45 @@ impl SegmentCache {
             .collect()
     }
 
-    /// The `n` segments cached last, newest first, with their partition ids: what a
-    /// queue-level pop that does not know its partition yet tells PostgreSQL not to send
-    /// (fresh data is what live consumers read). The caller keeps the `Arc`s.
-    pub fn newest(&self, n: usize) -> Vec<(i64, Arc<CachedSegment>)> {
+    /// For the `n` partitions given segments most recently, the run of consecutive segments
+    /// held that ends at the newest one: `(partition id, first base, last base)`. What a
+    /// queue-level pop that does not know its partition yet tells PostgreSQL not to send; a
+    /// segment evicted meanwhile is read again (the caller checks [`SegmentCache::get`]).
+    pub fn held_runs(&self, n: usize) -> Vec<(i64, i64, i64)> {
         let inner = self.inner.lock().expect("segment cache lock poisoned");
-        inner
-            .order
-            .iter()
-            .rev()
-            .filter_map(|&(pid, base)| {
-                let seg = inner.by_partition.get(&pid)?.get(&base)?;
-                Some((pid, seg.clone()))
-            })
-            .take(n)
-            .collect()
+        // Every partition held when they are few enough, else the most recent ones.
+        let pids: Vec<i64> = if inner.by_partition.len() <= n {
+            inner.by_partition.keys().copied().collect()
+        } else {
+            let mut seen = std::collections::HashSet::new();
+            inner
+                .order
+                .iter()
+                .rev()
+                .map(|&(pid, _)| pid)
+                .filter(|pid| seen.insert(*pid))
+                .take(n)
+                .collect()
+        };
+        let mut runs = Vec::with_capacity(pids.len());
+        for pid in pids {
+            let Some(slot) = inner.by_partition.get(&pid) else {
+                continue;
+            };
+            let mut segments = slot.values().rev();
+            let Some(newest) = segments.next() else {
+                continue;
+            };
+            let mut first = newest.base_offset;
+            for seg in segments {
+                if seg.base_offset + seg.count != first {
+                    break;
+                }
+                first = seg.base_offset;
+            }
+            runs.push((pid, first, newest.base_offset));
+        }
+        runs
     }
 
     /// One cached segment.
@@ -478,6 +502,23 @@ impl Drop for PopSlot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn held_runs_end_at_each_partitions_newest_segment_and_stop_at_a_gap() {
+        let cache = SegmentCache::new(1 << 20);
+        // Partition 1: 0..10, 10..15, then 20..30 after a gap (15..20 never held).
+        cache.insert(1, 0, 10, vec![0u8; 10]);
+        cache.insert(1, 10, 5, vec![0u8; 10]);
+        cache.insert(1, 20, 10, vec![0u8; 10]);
+        cache.insert(1, 30, 10, vec![0u8; 10]);
+        cache.insert(2, 0, 3, vec![0u8; 10]);
+        let mut runs = cache.held_runs(10);
+        runs.sort_unstable();
+        assert_eq!(runs, vec![(1, 20, 30), (2, 0, 0)]);
+        // Past `n` partitions, the ones given segments last.
+        cache.insert(3, 7, 1, vec![0u8; 10]);
+        assert_eq!(cache.held_runs(1), vec![(3, 7, 7)]);
+    }
 
     #[test]
     fn oldest_inserted_leave_first_under_the_budget() {

@@ -335,11 +335,10 @@ async fn pop_ready(
     req: &PopRequest<'_>,
 ) -> Result<Option<Popped>, StorageError> {
     let lease_id = Uuid::now_v7();
-    let held = req.cache.newest(HELD_NEWEST);
-    let (held_pids, held_bases): (Vec<i64>, Vec<i64>) = held
-        .iter()
-        .map(|(pid, seg)| (*pid, seg.base_offset))
-        .unzip();
+    let runs = req.cache.held_runs(HELD_PARTITIONS);
+    let held_pids: Vec<i64> = runs.iter().map(|r| r.0).collect();
+    let held_from: Vec<i64> = runs.iter().map(|r| r.1).collect();
+    let held_to: Vec<i64> = runs.iter().map(|r| r.2).collect();
     let sub = Subscription {
         from: None,
         scan: (0, 0),
@@ -355,7 +354,8 @@ async fn pop_ready(
             .bind(req.owner)
             .bind(remaining as i64)
             .bind(&held_pids)
-            .bind(&held_bases)
+            .bind(&held_from)
+            .bind(&held_to)
             .fetch_all(&mut *conn)
             .await?;
         let Some(head) = rows.first() else {
@@ -369,11 +369,6 @@ async fn pop_ready(
             window_secs: 0,
         });
         let partition_id = head.partition_id;
-        let mine: Vec<Arc<CachedSegment>> = held
-            .iter()
-            .filter(|(pid, _)| *pid == partition_id)
-            .map(|(_, seg)| seg.clone())
-            .collect();
         let mut claimed = Claimed {
             partition_id,
             uuid: head.uuid,
@@ -386,18 +381,27 @@ async fn pop_ready(
             deleted: head.deleted.clone().unwrap_or_default(),
             segments: Vec::with_capacity(rows.len()),
         };
+        let mut evicted = false;
         for r in rows {
-            if let Some(base) = r.base_offset {
-                let count = r.msg_count.unwrap_or(0).into();
-                claimed.segments.push(sent_or_held(
-                    req.cache,
-                    &mine,
-                    partition_id,
-                    base,
-                    count,
-                    r.frames,
-                )?);
+            let Some(base) = r.base_offset else {
+                continue;
+            };
+            let count = r.msg_count.unwrap_or(0).into();
+            match r.frames {
+                Some(frames) => {
+                    claimed
+                        .segments
+                        .push(req.cache.insert_read(partition_id, base, count, frames))
+                }
+                None => match req.cache.get(partition_id, base) {
+                    Some(seg) => claimed.segments.push(seg),
+                    // Evicted since the statement was sent: the range is read again.
+                    None => evicted = true,
+                },
             }
+        }
+        if evicted {
+            claimed.segments.clear();
         }
         let mut collect = Collect {
             req,
@@ -522,9 +526,9 @@ struct ClaimRow {
     frames: Option<Vec<u8>>,
 }
 
-/// Cached segments named to [`READY_SQL`] as not to be sent (the newest ones: what live
-/// consumers read).
-const HELD_NEWEST: usize = 256;
+/// Partitions whose cached segments are named to [`READY_SQL`] as not to be sent (those
+/// given segments most recently: what live consumers read).
+const HELD_PARTITIONS: usize = 1024;
 
 /// The queue-level pop in one statement, for the common case: claim one partition of the queue
 /// that the group has a row for, with messages past its committed offset and no live lease,
@@ -533,8 +537,9 @@ const HELD_NEWEST: usize = 256;
 /// written longest ago, the one claimed least recently). Each list is read from its index only
 /// as far as its first claimable row, skipping rows another claim is locking (`SKIP LOCKED`),
 /// so a pop reads a handful of rows however many partitions wait. It records the leased range
-/// and returns the covering segments (without the frames of the cached ones in `$6`/`$7`) with
-/// the queue's options. No row: nothing claimable among those lists, or a case this statement
+/// and returns the covering segments with the queue's options, without the frames of the
+/// segments the broker holds: for each partition in `$6`, those with bases from `$7` to `$8`
+/// (the run of consecutive segments it holds, [`SegmentCache::held_runs`]). No row: nothing claimable among those lists, or a case this statement
 /// leaves to the full pop (no subscription yet, a window buffer, delayed processing); the caller
 /// then runs the full pop, which also settles and rescans.
 pub const READY_SQL: &str = "
@@ -633,9 +638,9 @@ SELECT q.id AS queue_id, q.lease_time, now() AS db_now,
            AND d.msg_offset >= claim.committed_offset
            AND d.msg_offset < claim.leased_to) AS deleted,
        s.base_offset, s.msg_count,
-       CASE WHEN EXISTS (SELECT 1
-                           FROM unnest($6::int8[], $7::int8[]) AS h(pid, base)
-                          WHERE h.pid = claim.partition_id AND h.base = s.base_offset)
+       CASE WHEN s.base_offset
+                 BETWEEN ($7::int8[])[array_position($6::int8[], claim.partition_id)]
+                     AND ($8::int8[])[array_position($6::int8[], claim.partition_id)]
             THEN NULL ELSE s.frames END AS frames
   FROM claim
  CROSS JOIN q

@@ -193,6 +193,7 @@ async fn the_one_statement_pop_reads_a_few_rows_when_100_000_partitions_wait() {
         .bind(10_i64)
         .bind(Vec::<i64>::new())
         .bind(Vec::<i64>::new())
+        .bind(Vec::<i64>::new())
         .fetch_one(&mut conn)
         .await
         .unwrap();
