@@ -35,11 +35,7 @@ async fn a_segment_removed_by_retention_is_not_served_from_the_cache() {
         "only what PostgreSQL still holds"
     );
     let acked = ack_all(&app, &reply, "completed", None).await;
-    assert!(acked
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|a| a["success"] == true));
+    assert!(all_succeeded(&acked), "{acked}");
     assert_eq!(pop(&app, "q", "batch=10").await.status, 204);
 }
 
@@ -66,29 +62,42 @@ async fn messages_written_through_another_broker_are_read_and_acked_here() {
     let rest = pop(&writer, "q", "batch=10").await;
     assert_eq!(ns(&rest), vec![3, 4]);
     let acked = ack_all(&reader, &rest, "completed", None).await;
-    assert!(acked
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|a| a["success"] == true));
+    assert!(all_succeeded(&acked), "{acked}");
     assert_eq!(pop(&reader, "q", "batch=10").await.status, 204);
     assert_eq!(pop(&writer, "q", "batch=10").await.status, 204);
 }
 
 #[actix_web::test]
 async fn a_lease_that_ran_out_while_cached_is_redelivered_and_its_acks_refused() {
+    lease_runs_out("8388608", true).await;
+}
+
+/// A lease that runs out while this broker still remembers it — its segments cached
+/// (`segments_held`) or, with a cache too small for any segment, only the transaction ids the
+/// pop recorded: PostgreSQL says it ended, so its acks are refused and the next pop gets its
+/// messages again, from the same bytes.
+async fn lease_runs_out(cache_bytes: &str, segments_held: bool) {
     let db = fresh_db().await;
-    let app = spawn_app(&db).await;
+    let app = spawn_app_with(test_settings(
+        &db,
+        &[("QUEEN_SEGMENT_CACHE_BYTES", cache_bytes)],
+    ))
+    .await;
     assert_eq!(pop(&app, "q", "batch=4").await.status, 204);
     push_n(&app, "q", "p", 0, 4).await;
     let pid = partition_id(&db, "p").await;
-    assert!(app.broker.state.cache.get(pid, 0).is_some());
+    assert_eq!(app.broker.state.cache.get(pid, 0).is_some(), segments_held);
     let first = pop(&app, "q", "batch=4").await;
     assert_eq!(ns(&first), vec![0, 1, 2, 3]);
     db.exec("UPDATE queen.partition_consumers SET lease_expires_at = now() - interval '1 second'")
         .await;
 
-    // The old lease is still remembered and its messages cached; PostgreSQL says it ended.
+    // The broker would plan the ack; PostgreSQL refuses it.
+    assert!(
+        plan_completed_fast(&app.broker.state.cache, &acks_of(&first))
+            .unwrap()
+            .is_some()
+    );
     let late = ack_all(&app, &first, "completed", None).await;
     for a in late.as_array().unwrap() {
         assert_eq!(a["success"], false, "{a}");
@@ -99,11 +108,8 @@ async fn a_lease_that_ran_out_while_cached_is_redelivered_and_its_acks_refused()
     assert_eq!(messages(&again)[0]["data"], messages(&first)[0]["data"]);
     assert_ne!(again.body["leaseId"], first.body["leaseId"]);
     let acked = ack_all(&app, &again, "completed", None).await;
-    assert!(acked
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|a| a["success"] == true));
+    assert!(all_succeeded(&acked), "{acked}");
+    assert_eq!(consumer_state(&db).await["committed"], 4);
     assert_eq!(pop(&app, "q", "batch=4").await.status, 204);
 }
 
@@ -174,6 +180,19 @@ async fn ack_story(app: &TestApp, db: &TestDb) -> Vec<Value> {
     seen
 }
 
+/// [`ack_story`] on a fresh broker whose segment cache holds `cache_bytes` (`None`: the
+/// default).
+async fn story_with_cache(cache_bytes: Option<&str>) -> Vec<Value> {
+    let db = fresh_db().await;
+    let app = match cache_bytes {
+        Some(bytes) => {
+            spawn_app_with(test_settings(&db, &[("QUEEN_SEGMENT_CACHE_BYTES", bytes)])).await
+        }
+        None => spawn_app(&db).await,
+    };
+    ack_story(&app, &db).await
+}
+
 /// Drops the fields that differ between two runs (generated ids).
 fn strip_ids(v: &mut Value) {
     match v {
@@ -188,18 +207,9 @@ fn strip_ids(v: &mut Value) {
 
 #[actix_web::test]
 async fn the_one_statement_ack_answers_as_the_general_path_does() {
-    let db_fast = fresh_db().await;
-    let fast = spawn_app(&db_fast).await;
-    let with_cache = ack_story(&fast, &db_fast).await;
-
+    let with_cache = story_with_cache(None).await;
     // A broker without a cache takes the general path for every ack.
-    let db_slow = fresh_db().await;
-    let slow = spawn_app_with(test_settings(
-        &db_slow,
-        &[("QUEEN_SEGMENT_CACHE_BYTES", "0")],
-    ))
-    .await;
-    let without = ack_story(&slow, &db_slow).await;
+    let without = story_with_cache(Some("0")).await;
     assert_eq!(with_cache, without);
     // And the story is the expected one: the second message commits the first two; the last
     // ack of the batch ends the lease; the two left come next.
@@ -249,6 +259,13 @@ async fn the_pop_answer_is_valid_json_with_every_field_escaped_and_the_payload_v
         "{created}"
     );
     assert!(created.ends_with('Z'));
+}
+
+/// Whether every item of an ack answer succeeded.
+fn all_succeeded(answer: &Value) -> bool {
+    answer
+        .as_array()
+        .is_some_and(|items| items.iter().all(|a| a["success"] == true))
 }
 
 /// The acks of `reply`'s messages as the ack routes read them (all `completed`).
@@ -305,11 +322,7 @@ async fn acks_find_their_messages_by_the_ids_the_pop_recorded_without_any_segmen
 
     // Applied, it ends the lease, and the broker forgets the ids with it.
     let acked = ack_all(&app, &reply, "completed", None).await;
-    assert!(acked
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|a| a["success"] == true));
+    assert!(all_succeeded(&acked), "{acked}");
     assert_eq!(acked[2]["leaseReleased"], true);
     assert_eq!(cache.lease_id_bytes(), 0);
     assert!(plan_completed_fast(cache, &acks).unwrap().is_none());
@@ -319,49 +332,14 @@ async fn acks_find_their_messages_by_the_ids_the_pop_recorded_without_any_segmen
 
 #[actix_web::test]
 async fn the_ack_by_recorded_ids_answers_as_the_general_path_does() {
-    let db_ids = fresh_db().await;
-    let ids = spawn_app_with(test_settings(
-        &db_ids,
-        &[("QUEEN_SEGMENT_CACHE_BYTES", "1")],
-    ))
-    .await;
-    let by_ids = ack_story(&ids, &db_ids).await;
-    let db_slow = fresh_db().await;
-    let slow = spawn_app_with(test_settings(
-        &db_slow,
-        &[("QUEEN_SEGMENT_CACHE_BYTES", "0")],
-    ))
-    .await;
-    assert_eq!(by_ids, ack_story(&slow, &db_slow).await);
+    // A one-byte cache holds no segment: every fast ack is planned from the recorded ids.
+    assert_eq!(
+        story_with_cache(Some("1")).await,
+        story_with_cache(Some("0")).await
+    );
 }
 
 #[actix_web::test]
 async fn a_lease_that_ran_out_keeps_no_say_through_its_recorded_ids() {
-    let db = fresh_db().await;
-    let app = spawn_app_with(test_settings(&db, &[("QUEEN_SEGMENT_CACHE_BYTES", "1")])).await;
-    push_n(&app, "q", "p", 0, 4).await;
-    let first = pop(&app, "q", "batch=4").await;
-    assert_eq!(ns(&first), vec![0, 1, 2, 3]);
-    db.exec("UPDATE queen.partition_consumers SET lease_expires_at = now() - interval '1 second'")
-        .await;
-    // The broker still holds the old lease's ids; PostgreSQL says the lease ended.
-    assert!(
-        plan_completed_fast(&app.broker.state.cache, &acks_of(&first))
-            .unwrap()
-            .is_some()
-    );
-    let late = ack_all(&app, &first, "completed", None).await;
-    for a in late.as_array().unwrap() {
-        assert_eq!(a["success"], false, "{a}");
-        assert_eq!(a["error"], "Invalid or expired lease");
-    }
-    let again = pop(&app, "q", "batch=4").await;
-    assert_eq!(ns(&again), vec![0, 1, 2, 3]);
-    let acked = ack_all(&app, &again, "completed", None).await;
-    assert!(acked
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|a| a["success"] == true));
-    assert_eq!(consumer_state(&db).await["committed"], 4);
+    lease_runs_out("1", false).await;
 }
