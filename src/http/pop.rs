@@ -25,7 +25,6 @@ use crate::storage::cache::WOKEN_FULL_POP_EVERY;
 use crate::storage::consume::{self, Delivery, PopRequest, Popped, SubscriptionStart, QUEUE_MODE};
 use crate::storage::crypto::{self, PayloadKey};
 use crate::storage::frames::Frame;
-use crate::storage::lease_txns::LeaseTxns;
 use crate::storage::StorageError;
 use crate::wake::WakeKey;
 
@@ -217,9 +216,7 @@ async fn serve(
                 // segments again.
                 for (d, frames) in &decoded {
                     let ids = frames.iter().map(|(o, f)| (*o, f.transaction_id));
-                    if let Some(txns) = LeaseTxns::new(ids) {
-                        state.cache.index_lease(lease, d.partition_uuid, txns);
-                    }
+                    state.cache.index_lease(lease, d.partition_uuid, ids);
                 }
             }
             yield_to_consumers(state, &decoded);

@@ -101,9 +101,14 @@ struct Leases {
 }
 
 impl Leases {
+    /// Takes the bytes of ids a lease no longer holds off the count.
+    fn drop_ids(&mut self, txns: Option<Arc<LeaseTxns>>) {
+        self.txn_bytes -= txns.map_or(0, |t| t.bytes());
+    }
+
     fn forget(&mut self, key: &LeaseKey) {
         if let Some(gone) = self.by_key.remove(key) {
-            self.txn_bytes -= gone.txns.map_or(0, |t| t.bytes());
+            self.drop_ids(gone.txns);
         }
     }
 }
@@ -260,29 +265,9 @@ impl SegmentCache {
     /// segment evicted meanwhile is read again (the caller checks [`SegmentCache::get`]).
     pub fn held_runs(&self, n: usize) -> Vec<(i64, i64, i64)> {
         let inner = self.inner.lock().expect("segment cache lock poisoned");
-        // Every partition held when they are few enough, else the most recent ones.
-        let pids: Vec<i64> = if inner.by_partition.len() <= n {
-            inner.by_partition.keys().copied().collect()
-        } else {
-            let mut seen = std::collections::HashSet::new();
-            inner
-                .order
-                .iter()
-                .rev()
-                .map(|&(pid, _)| pid)
-                .filter(|pid| seen.insert(*pid))
-                .take(n)
-                .collect()
-        };
-        let mut runs = Vec::with_capacity(pids.len());
-        for pid in pids {
-            let Some(slot) = inner.by_partition.get(&pid) else {
-                continue;
-            };
-            let mut segments = slot.values().rev();
-            let Some(newest) = segments.next() else {
-                continue;
-            };
+        let run = |pid: i64| {
+            let mut segments = inner.by_partition.get(&pid)?.values().rev();
+            let newest = segments.next()?;
             let mut first = newest.base_offset;
             for seg in segments {
                 if seg.base_offset + seg.count != first {
@@ -290,9 +275,26 @@ impl SegmentCache {
                 }
                 first = seg.base_offset;
             }
-            runs.push((pid, first, newest.base_offset));
+            Some((pid, first, newest.base_offset))
+        };
+        // Every partition held when they are few enough, else the most recent ones.
+        if inner.by_partition.len() <= n {
+            return inner
+                .by_partition
+                .keys()
+                .filter_map(|&pid| run(pid))
+                .collect();
         }
-        runs
+        let mut seen = std::collections::HashSet::new();
+        inner
+            .order
+            .iter()
+            .rev()
+            .map(|&(pid, _)| pid)
+            .filter(|pid| seen.insert(*pid))
+            .take(n)
+            .filter_map(run)
+            .collect()
     }
 
     /// One cached segment.
@@ -310,7 +312,7 @@ impl SegmentCache {
         let mut leases = self.leases.lock().expect("lease book lock poisoned");
         let key = (lease, partition);
         match leases.by_key.insert(key, range) {
-            Some(old) => leases.txn_bytes -= old.txns.map_or(0, |t| t.bytes()),
+            Some(old) => leases.drop_ids(old.txns),
             None => leases.order.push_back(key),
         }
         while leases.order.len() > MAX_LEASES {
@@ -320,29 +322,39 @@ impl SegmentCache {
         }
     }
 
-    /// Records the transaction ids `lease` handed out on `partition` (a remembered lease;
-    /// nothing when the cache is off). The oldest leases lose theirs past [`LEASE_IDS_BYTES`].
-    pub fn index_lease(&self, lease: uuid::Uuid, partition: uuid::Uuid, txns: LeaseTxns) {
+    /// Records the transaction ids `lease` handed out on `partition`, `(offset, id)` in
+    /// delivery order (a remembered lease; nothing when the cache is off, or when two messages
+    /// share an id, see [`LeaseTxns::new`]). The oldest leases lose theirs past
+    /// [`LEASE_IDS_BYTES`].
+    pub fn index_lease<'a>(
+        &self,
+        lease: uuid::Uuid,
+        partition: uuid::Uuid,
+        delivered: impl Iterator<Item = (i64, &'a str)>,
+    ) {
         if self.capacity == 0 {
             return;
         }
+        let Some(txns) = LeaseTxns::new(delivered) else {
+            return;
+        };
         let key = (lease, partition);
-        let bytes = txns.bytes();
         let mut guard = self.leases.lock().expect("lease book lock poisoned");
         let leases = &mut *guard;
         let Some(range) = leases.by_key.get_mut(&key) else {
             return;
         };
-        let before = range.txns.replace(Arc::new(txns)).map_or(0, |t| t.bytes());
-        leases.txn_bytes = leases.txn_bytes + bytes - before;
+        let bytes = txns.bytes();
+        let before = range.txns.replace(Arc::new(txns));
+        leases.drop_ids(before);
+        leases.txn_bytes += bytes;
         leases.indexed.push_back(key);
         while leases.txn_bytes > LEASE_IDS_BYTES || leases.indexed.len() > MAX_LEASES {
             let Some(old) = leases.indexed.pop_front() else {
                 break;
             };
-            if let Some(gone) = leases.by_key.get_mut(&old).and_then(|r| r.txns.take()) {
-                leases.txn_bytes -= gone.bytes();
-            }
+            let gone = leases.by_key.get_mut(&old).and_then(|r| r.txns.take());
+            leases.drop_ids(gone);
         }
     }
 

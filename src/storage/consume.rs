@@ -539,9 +539,10 @@ const HELD_PARTITIONS: usize = 1024;
 /// so a pop reads a handful of rows however many partitions wait. It records the leased range
 /// and returns the covering segments with the queue's options, without the frames of the
 /// segments the broker holds: for each partition in `$6`, those with bases from `$7` to `$8`
-/// (the run of consecutive segments it holds, [`SegmentCache::held_runs`]). No row: nothing claimable among those lists, or a case this statement
-/// leaves to the full pop (no subscription yet, a window buffer, delayed processing); the caller
-/// then runs the full pop, which also settles and rescans.
+/// (the run of consecutive segments it holds, [`SegmentCache::held_runs`]). No row: nothing
+/// claimable among those lists, or a case this statement leaves to the full pop (no
+/// subscription yet, a window buffer, delayed processing); the caller then runs the full pop,
+/// which also settles and rescans.
 pub const READY_SQL: &str = "
 WITH q AS (
     SELECT q.id, q.lease_time, s.scan_xid, s.scan_pid
