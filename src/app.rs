@@ -344,6 +344,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         cache,
         metrics,
         payload_key,
+        handoffs: Arc::default(),
         ack_group: storage::ack_group::AckGroup::start(pool_for_acks, ACK_WORKERS),
         primary: primary.clone(),
     });

@@ -18,6 +18,7 @@ use crate::settings::Settings;
 use crate::storage::ack_group::AckGroup;
 use crate::storage::cache::SegmentCache;
 use crate::storage::crypto::PayloadKey;
+use crate::storage::handoff::Handoffs;
 use crate::storage::hosts::Primary;
 use crate::storage::{system, StorageError};
 use crate::wake::WakeHub;
@@ -91,6 +92,9 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The key of encrypted queues (`QUEEN_ENCRYPTION_KEY`), if set.
     pub payload_key: Option<PayloadKey>,
+    /// Partitions this broker's acks released with messages left, for the next pops
+    /// (`storage::handoff`).
+    pub handoffs: Arc<Handoffs>,
     /// Fast acks grouped into shared commits (`storage::ack_group`).
     pub ack_group: AckGroup,
     /// The database hosts and which one is the primary now (`storage::hosts`).

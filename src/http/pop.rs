@@ -200,6 +200,7 @@ async fn serve(
                 owner: &state.broker_id,
                 cache: &state.cache,
                 woken,
+                handoffs: &state.handoffs,
             };
             match &source {
                 Source::Matching(ns, task) => {

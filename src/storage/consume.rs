@@ -26,6 +26,7 @@ use std::sync::Arc;
 use crate::storage::cache::{CachedSegment, LeasedRange, SegmentCache};
 use crate::storage::error::StorageError;
 use crate::storage::frames::{self, Frame, FrameError};
+use crate::storage::handoff::Handoffs;
 
 /// The consumer-group name meaning "no group" (one shared cursor).
 pub const QUEUE_MODE: &str = "__QUEUE_MODE__";
@@ -80,6 +81,8 @@ pub struct PopRequest<'a> {
     /// nothing, the full pop runs only if this broker has not run one for such a look of the
     /// group within [`crate::storage::cache::WOKEN_FULL_POP_EVERY`].
     pub woken: bool,
+    /// Partitions this broker's acks released with messages left (tried first).
+    pub handoffs: &'a Handoffs,
 }
 
 /// Messages handed out from one partition: offsets `first_offset .. first_offset + count`.
@@ -328,7 +331,12 @@ fn finish(req: &PopRequest<'_>, queue: &str, lease_id: Uuid, deliveries: Vec<Del
     }
 }
 
-/// The queue-level pop by [`READY_SQL`], one statement per claimed partition; `None` when it
+/// Hand-offs a pop tries at most before it reads the one-statement pop's lists (a hand-off
+/// goes stale when another pop took the partition first).
+const HANDOFF_TRIES: usize = 2;
+
+/// The queue-level pop by [`HANDOFF_SQL`] (a partition this broker released with messages
+/// left, when one waits) or [`READY_SQL`], one statement per claimed partition; `None` when it
 /// claimed nothing (the caller then runs the full pop).
 async fn pop_ready(
     conn: &mut PgConnection,
@@ -346,21 +354,43 @@ async fn pop_ready(
     let mut queue: Option<QueueInfo> = None;
     let mut remaining = req.batch.max(1);
     let mut deliveries = Vec::new();
+    let mut handoffs_tried = 0;
     while remaining > 0 && deliveries.len() < req.partitions.max(1) {
-        let rows: Vec<ReadyRow> = sqlx::query_as(READY_SQL)
-            .bind(req.queue)
-            .bind(req.group)
-            .bind(lease_id)
-            .bind(req.owner)
-            .bind(remaining as i64)
-            .bind(&held_pids)
-            .bind(&held_from)
-            .bind(&held_to)
-            .fetch_all(&mut *conn)
-            .await?;
+        let handoff = if handoffs_tried < HANDOFF_TRIES {
+            req.handoffs.next(req.queue, req.group)
+        } else {
+            None
+        };
+        let statement = match &handoff {
+            Some(_) => {
+                handoffs_tried += 1;
+                sqlx::query_as(HANDOFF_SQL)
+            }
+            None => sqlx::query_as(READY_SQL),
+        }
+        .bind(req.queue)
+        .bind(req.group)
+        .bind(lease_id)
+        .bind(req.owner)
+        .bind(remaining as i64)
+        .bind(&held_pids)
+        .bind(&held_from)
+        .bind(&held_to);
+        let statement = match &handoff {
+            Some(partition_id) => statement.bind(*partition_id),
+            None => statement,
+        };
+        let rows: Vec<ReadyRow> = statement.fetch_all(&mut *conn).await?;
         let Some(head) = rows.first() else {
+            if handoff.is_some() {
+                // Taken meanwhile, or nothing left: the next hand-off, or the lists.
+                continue;
+            }
             break;
         };
+        if handoff.is_none() {
+            req.handoffs.forget(req.queue, req.group, head.partition_id);
+        }
         let info = queue.get_or_insert_with(|| QueueInfo {
             id: head.queue_id,
             name: req.queue.to_string(),
@@ -530,6 +560,79 @@ struct ClaimRow {
 /// given segments most recently: what live consumers read).
 const HELD_PARTITIONS: usize = 1024;
 
+/// The CTE `q` both one-statement pops start with: the queue named `$1` with the group `$2`'s
+/// subscription, when this statement serves it (no window buffer, no delayed processing).
+macro_rules! one_statement_queue {
+    () => {
+        "
+WITH q AS (
+    SELECT q.id, q.lease_time, s.scan_xid, s.scan_pid
+      FROM queen.queues q
+      JOIN queen.consumer_subscriptions s
+        ON s.queue_id = q.id AND s.consumer_group = $2
+     WHERE q.name = $1
+       AND q.window_buffer = 0
+       AND q.delayed_processing = 0
+)"
+    };
+}
+
+/// The end both one-statement pops share: claim the `target` row (lease `$3` for owner `$4`,
+/// range `committed .. committed + $5` capped at the partition's end) and return the covering
+/// segments, without the frames of those in the held runs `$6`/`$7`/`$8`.
+macro_rules! one_statement_claim {
+    () => {
+        "),
+claim AS (
+    UPDATE queen.partition_consumers c
+       SET lease_id = $3,
+           lease_owner = $4,
+           lease_acquired_at = now(),
+           lease_expires_at = now() + (SELECT CASE WHEN q.lease_time > 0 THEN q.lease_time
+                                                   ELSE 60 END
+                                         FROM q) * interval '1 second',
+           attention_at = NULL,
+           leased_from = c.committed_offset,
+           leased_to = GREATEST(c.committed_offset,
+                                LEAST(c.committed_offset + $5, p.next_offset))
+      FROM target t, queen.partitions p
+     WHERE c.partition_id = t.partition_id
+       AND c.consumer_group = t.consumer_group
+       AND p.id = t.partition_id
+ RETURNING c.partition_id, p.uuid, p.name, c.committed_offset, c.batch_retry_count,
+           p.next_offset, c.leased_to
+)
+SELECT q.id AS queue_id, q.lease_time, now() AS db_now,
+       claim.partition_id, claim.uuid, claim.name, claim.committed_offset,
+       claim.batch_retry_count, claim.next_offset,
+       (SELECT array_agg(d.msg_offset ORDER BY d.msg_offset)
+          FROM queen.deleted_messages d
+         WHERE d.partition_id = claim.partition_id
+           AND d.msg_offset >= claim.committed_offset
+           AND d.msg_offset < claim.leased_to) AS deleted,
+       s.base_offset, s.msg_count,
+       CASE WHEN s.base_offset
+                 BETWEEN ($7::int8[])[array_position($6::int8[], claim.partition_id)]
+                     AND ($8::int8[])[array_position($6::int8[], claim.partition_id)]
+            THEN NULL ELSE s.frames END AS frames
+  FROM claim
+ CROSS JOIN q
+  LEFT JOIN LATERAL (
+        SELECT sg.base_offset, sg.msg_count, sg.frames
+          FROM queen.segments sg
+         WHERE sg.partition_id = claim.partition_id
+           AND sg.base_offset < claim.leased_to
+           AND sg.base_offset >= COALESCE((SELECT max(x.base_offset)
+                                             FROM queen.segments x
+                                            WHERE x.partition_id = claim.partition_id
+                                              AND x.base_offset <= claim.committed_offset),
+                                          claim.committed_offset)
+         ORDER BY sg.base_offset
+       ) s ON true
+ ORDER BY s.base_offset"
+    };
+}
+
 /// The queue-level pop in one statement, for the common case: claim one partition of the queue
 /// that the group has a row for, with messages past its committed offset and no live lease,
 /// taken from three lists in turn: leases that ran out (oldest first), rows released with
@@ -543,16 +646,10 @@ const HELD_PARTITIONS: usize = 1024;
 /// claimable among those lists, or a case this statement leaves to the full pop (no
 /// subscription yet, a window buffer, delayed processing); the caller then runs the full pop,
 /// which also settles and rescans.
-pub const READY_SQL: &str = "
-WITH q AS (
-    SELECT q.id, q.lease_time, s.scan_xid, s.scan_pid
-      FROM queen.queues q
-      JOIN queen.consumer_subscriptions s
-        ON s.queue_id = q.id AND s.consumer_group = $2
-     WHERE q.name = $1
-       AND q.window_buffer = 0
-       AND q.delayed_processing = 0
-), expired AS (
+pub const READY_SQL: &str = concat!(
+    one_statement_queue!(),
+    ",
+expired AS (
     -- Leases that ran out, oldest first: walked in index order (the queue id is a parameter
     -- of the scan, not a join, so the index gives the order), the first row not locked by a
     -- concurrent pop that still has messages wins; nothing after it is read.
@@ -611,53 +708,32 @@ WITH q AS (
     UNION ALL
     SELECT * FROM written
      LIMIT 1
-), claim AS (
-    UPDATE queen.partition_consumers c
-       SET lease_id = $3,
-           lease_owner = $4,
-           lease_acquired_at = now(),
-           lease_expires_at = now() + (SELECT CASE WHEN q.lease_time > 0 THEN q.lease_time
-                                                   ELSE 60 END
-                                         FROM q) * interval '1 second',
-           attention_at = NULL,
-           leased_from = c.committed_offset,
-           leased_to = GREATEST(c.committed_offset,
-                                LEAST(c.committed_offset + $5, p.next_offset))
-      FROM target t, queen.partitions p
-     WHERE c.partition_id = t.partition_id
-       AND c.consumer_group = t.consumer_group
-       AND p.id = t.partition_id
- RETURNING c.partition_id, p.uuid, p.name, c.committed_offset, c.batch_retry_count,
-           p.next_offset, c.leased_to
-)
-SELECT q.id AS queue_id, q.lease_time, now() AS db_now,
-       claim.partition_id, claim.uuid, claim.name, claim.committed_offset,
-       claim.batch_retry_count, claim.next_offset,
-       (SELECT array_agg(d.msg_offset ORDER BY d.msg_offset)
-          FROM queen.deleted_messages d
-         WHERE d.partition_id = claim.partition_id
-           AND d.msg_offset >= claim.committed_offset
-           AND d.msg_offset < claim.leased_to) AS deleted,
-       s.base_offset, s.msg_count,
-       CASE WHEN s.base_offset
-                 BETWEEN ($7::int8[])[array_position($6::int8[], claim.partition_id)]
-                     AND ($8::int8[])[array_position($6::int8[], claim.partition_id)]
-            THEN NULL ELSE s.frames END AS frames
-  FROM claim
- CROSS JOIN q
-  LEFT JOIN LATERAL (
-        SELECT sg.base_offset, sg.msg_count, sg.frames
-          FROM queen.segments sg
-         WHERE sg.partition_id = claim.partition_id
-           AND sg.base_offset < claim.leased_to
-           AND sg.base_offset >= COALESCE((SELECT max(x.base_offset)
-                                             FROM queen.segments x
-                                            WHERE x.partition_id = claim.partition_id
-                                              AND x.base_offset <= claim.committed_offset),
-                                          claim.committed_offset)
-         ORDER BY sg.base_offset
-       ) s ON true
- ORDER BY s.base_offset";
+",
+    one_statement_claim!()
+);
+
+/// The hand-off claim ([`crate::storage::handoff`]): the one-statement pop's claim of a
+/// partition this broker released with messages left behind, named by `$9` instead of
+/// searched for in the three lists. It claims nothing when the lease is taken (or being
+/// claimed right now), nothing waits past the committed offset, the partition is not of the
+/// queue `$1`, or the queue is one the one-statement pop leaves to the full pop. Same
+/// parameters `$1`..`$8` and rows as [`READY_SQL`].
+pub const HANDOFF_SQL: &str = concat!(
+    one_statement_queue!(),
+    ",
+target AS (
+    SELECT c.partition_id, c.consumer_group
+      FROM queen.partition_consumers c
+      JOIN queen.partitions p ON p.id = c.partition_id
+     WHERE c.partition_id = $9
+       AND c.consumer_group = $2
+       AND c.queue_id = (SELECT id FROM q)
+       AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+       AND c.committed_offset < p.next_offset
+       FOR UPDATE OF c SKIP LOCKED
+",
+    one_statement_claim!()
+);
 
 /// One row of [`READY_SQL`].
 #[derive(sqlx::FromRow)]

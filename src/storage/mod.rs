@@ -33,6 +33,7 @@ pub mod dlq;
 pub mod error;
 pub mod frames;
 pub mod groups;
+pub mod handoff;
 pub mod hosts;
 pub mod lease_txns;
 pub mod leases;

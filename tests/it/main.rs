@@ -15,6 +15,7 @@ mod chaos;
 mod codec_props;
 mod configure_contract;
 mod consume_cache;
+mod consume_handoff;
 mod consume_live;
 mod crash_spool;
 mod dashboard_routes;

@@ -1,0 +1,136 @@
+//! Hand-offs (`storage::handoff`): an ack that releases a lease with messages left behind
+//! hands the partition to the next pop of the queue and group on this broker, which claims it
+//! by its id. The hand-off is only a hint: PostgreSQL still decides whether the lease is free,
+//! what waits and what the queue's options allow. Proven here: the next pop takes the
+//! partition from where the ack left it; a hand-off another broker made stale claims nothing;
+//! a lease that ran out is served while hand-offs keep coming; a queue whose options the
+//! one-statement pop leaves to the full pop is not served through a hand-off.
+
+use crate::support::consuming::*;
+use crate::support::{fresh_db, spawn_app, TestApp, TestDb};
+use queen_broker::storage::consume::QUEUE_MODE;
+use queen_broker::storage::handoff::ONE_STATEMENT_EVERY;
+use serde_json::Value;
+
+fn waiting(app: &TestApp) -> usize {
+    app.broker.state.handoffs.waiting("q", QUEUE_MODE)
+}
+
+fn all_succeeded(answer: &Value) -> bool {
+    answer
+        .as_array()
+        .is_some_and(|a| a.iter().all(|r| r["success"] == true))
+}
+
+/// A broker with a consumer subscribed to `q` and `n` messages in partition `p`.
+async fn subscribed_with(db: &TestDb, n: i64) -> TestApp {
+    let app = spawn_app(db).await;
+    assert_eq!(pop(&app, "q", "batch=2").await.status, 204);
+    push_n(&app, "q", "p", 0, n).await;
+    app
+}
+
+#[actix_web::test]
+async fn an_ack_that_leaves_messages_hands_the_partition_to_the_next_pop() {
+    let db = fresh_db().await;
+    let app = subscribed_with(&db, 5).await;
+    let first = pop(&app, "q", "batch=2").await;
+    assert_eq!(ns(&first), vec![0, 1]);
+    assert_eq!(waiting(&app), 0);
+    let acked = ack_all(&app, &first, "completed", None).await;
+    assert!(all_succeeded(&acked), "{acked}");
+    assert_eq!(waiting(&app), 1, "released with 2..4 left: handed off");
+
+    let second = pop(&app, "q", "batch=2").await;
+    assert_eq!(ns(&second), vec![2, 3]);
+    assert_ne!(second.body["leaseId"], first.body["leaseId"]);
+    let acked = ack_all(&app, &second, "completed", None).await;
+    assert!(all_succeeded(&acked), "{acked}");
+    let last = pop(&app, "q", "batch=2").await;
+    assert_eq!(ns(&last), vec![4]);
+    let acked = ack_all(&app, &last, "completed", None).await;
+    assert!(all_succeeded(&acked), "{acked}");
+    assert_eq!(pop(&app, "q", "batch=2").await.status, 204);
+}
+
+#[actix_web::test]
+async fn a_hand_off_another_broker_made_stale_claims_nothing() {
+    let db = fresh_db().await;
+    let here = subscribed_with(&db, 4).await;
+    let there = spawn_app(&db).await;
+    let first = pop(&here, "q", "batch=2").await;
+    assert_eq!(ns(&first), vec![0, 1]);
+    let acked = ack_all(&here, &first, "completed", None).await;
+    assert!(all_succeeded(&acked), "{acked}");
+    assert_eq!(waiting(&here), 1);
+
+    // The other broker takes the partition first; the hand-off here is now stale.
+    let taken = pop(&there, "q", "batch=2").await;
+    assert_eq!(ns(&taken), vec![2, 3]);
+    assert_eq!(waiting(&here), 1);
+    assert_eq!(
+        pop(&here, "q", "batch=2").await.status,
+        204,
+        "the lease is held elsewhere: nothing for this broker"
+    );
+    assert_eq!(waiting(&here), 0, "tried and dropped");
+    let acked = ack_all(&there, &taken, "completed", None).await;
+    assert!(all_succeeded(&acked), "{acked}");
+    assert_eq!(pop(&here, "q", "batch=2").await.status, 204);
+}
+
+#[actix_web::test]
+async fn a_lease_that_ran_out_is_served_while_hand_offs_keep_coming() {
+    let db = fresh_db().await;
+    let app = subscribed_with(&db, 2 * ONE_STATEMENT_EVERY as i64 + 2).await;
+    let first = pop(&app, "q", "batch=1").await;
+    assert_eq!(ns(&first), vec![0]);
+    let acked = ack_all(&app, &first, "completed", None).await;
+    assert!(all_succeeded(&acked), "{acked}");
+    assert_eq!(waiting(&app), 1);
+    push_n(&app, "q", "stuck", 0, 1).await;
+    let stuck = pop_partition(&app, "q", "stuck", "batch=1").await;
+    assert_eq!(ns(&stuck), vec![0]);
+    let stuck_id = partition_id(&db, "stuck").await;
+    db.exec(&format!(
+        "UPDATE queen.partition_consumers SET lease_expires_at = now() - interval '1 second'
+          WHERE partition_id = {stuck_id}"
+    ))
+    .await;
+
+    // Every ack of `p` hands it off again; within ONE_STATEMENT_EVERY pops the one-statement
+    // pop runs and takes the lease that ran out first.
+    let mut redelivered = false;
+    for _ in 0..ONE_STATEMENT_EVERY + 1 {
+        let reply = pop(&app, "q", "batch=1").await;
+        let partition = messages(&reply)[0]["partition"].clone();
+        let acked = ack_all(&app, &reply, "completed", None).await;
+        assert!(all_succeeded(&acked), "{acked}");
+        if partition == "stuck" {
+            redelivered = true;
+            break;
+        }
+        assert_eq!(partition, "p");
+    }
+    assert!(
+        redelivered,
+        "the lease that ran out waited behind the hand-offs"
+    );
+}
+
+#[actix_web::test]
+async fn a_queue_turned_to_delayed_processing_is_not_served_through_a_hand_off() {
+    let db = fresh_db().await;
+    let app = subscribed_with(&db, 4).await;
+    let first = pop(&app, "q", "batch=2").await;
+    assert_eq!(ns(&first), vec![0, 1]);
+    let acked = ack_all(&app, &first, "completed", None).await;
+    assert!(all_succeeded(&acked), "{acked}");
+    assert_eq!(waiting(&app), 1);
+
+    // Messages 2 and 3 were written just now: an hour's delay holds them back.
+    db.exec("UPDATE queen.queues SET delayed_processing = 3600 WHERE name = 'q'")
+        .await;
+    assert_eq!(pop(&app, "q", "batch=2").await.status, 204);
+    assert_eq!(waiting(&app), 0);
+}
