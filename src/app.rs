@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use actix::{Actor, Arbiter};
 use actix_web::{web, App, HttpServer};
-use broker_actors::committer::{Committer, CommitterLimits, CommitterPool};
+use broker_actors::committer::{Committer, CommitterLimits, CommitterPool, Serial};
 use broker_actors::partition::PartitionLimits;
 use broker_actors::registry::Registry;
 use broker_actors::spool::replay::Replayer;
@@ -220,6 +220,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         .as_ref()
         .map(|k| PayloadKey::new(&k.0));
     let mut committers = Vec::with_capacity(settings.committers);
+    let serial = Arc::new(Serial::default());
     for id in 0..settings.committers {
         let load = Arc::new(AtomicUsize::new(0));
         let store = PgStore::new(
@@ -232,12 +233,15 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         .with_primary(primary.clone());
         let counter = load.clone();
         let observer = metrics.clone();
+        let serial = serial.clone();
         let addr = Committer::start_in_arbiter(&committer_arbiter.handle(), move |_| {
-            Committer::new(id, store, counter, CommitterLimits::default()).with_observer(observer)
+            Committer::new(id, store, counter, CommitterLimits::default())
+                .with_observer(observer)
+                .with_serial(serial)
         });
         committers.push((addr.recipient(), load));
     }
-    let committers = CommitterPool::new(committers, settings.committer_spill_items);
+    let committers = CommitterPool::with_serial(committers, settings.committer_spill_items, serial);
 
     let spool_actor =
         SpoolActor::start_in_arbiter(&committer_arbiter.handle(), move |_| spool_actor);

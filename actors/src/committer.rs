@@ -64,6 +64,56 @@ impl Default for CommitterLimits {
     }
 }
 
+/// Whether committers commit one transaction at a time now (consumers are draining a
+/// backlog), and how long they pause between transactions meanwhile; shared by a
+/// [`CommitterPool`] and its committers ([`Committer::with_serial`]).
+#[derive(Debug)]
+pub struct Serial {
+    /// Until when (milliseconds after `epoch`) nothing spills.
+    until: AtomicU64,
+    /// While serialized, the pause after each transaction (microseconds).
+    rest_us: AtomicU64,
+    epoch: Instant,
+}
+
+impl Default for Serial {
+    fn default() -> Self {
+        Self {
+            until: AtomicU64::new(0),
+            rest_us: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+}
+
+impl Serial {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether transactions are serialized now.
+    pub fn active(&self) -> bool {
+        self.now_ms() < self.until.load(Ordering::Relaxed)
+    }
+
+    /// The pause after each transaction while serialized (zero when not).
+    pub fn rest(&self) -> Duration {
+        if !self.active() {
+            return Duration::ZERO;
+        }
+        Duration::from_micros(self.rest_us.load(Ordering::Relaxed))
+    }
+
+    fn extend(&self, period: Duration, rest: Duration) {
+        let until = self
+            .now_ms()
+            .saturating_add(u64::try_from(period.as_millis()).unwrap_or(u64::MAX));
+        self.until.fetch_max(until, Ordering::Relaxed);
+        let us = u64::try_from(rest.as_micros()).unwrap_or(u64::MAX);
+        self.rest_us.store(us, Ordering::Relaxed);
+    }
+}
+
 /// One committer; see the module docs.
 pub struct Committer<S: SegmentStore> {
     id: usize,
@@ -72,6 +122,10 @@ pub struct Committer<S: SegmentStore> {
     load: Arc<AtomicUsize>,
     limits: CommitterLimits,
     observer: Option<Arc<dyn CommitObserver>>,
+    /// The pool's serial mode: while it is on, a pause after each transaction.
+    serial: Option<Arc<Serial>>,
+    /// No transaction starts before this (a rest is running).
+    resting_until: Option<Instant>,
 }
 
 impl<S: SegmentStore> Committer<S> {
@@ -84,7 +138,18 @@ impl<S: SegmentStore> Committer<S> {
             load,
             limits,
             observer: None,
+            serial: None,
+            resting_until: None,
         }
+    }
+
+    /// Follows the serial mode of a pool built [`CommitterPool::with_serial`]: while it is
+    /// on, pauses [`Serial::rest`] after each transaction before the next starts (segments
+    /// arriving meanwhile wait and leave together).
+    #[must_use]
+    pub fn with_serial(mut self, serial: Arc<Serial>) -> Self {
+        self.serial = Some(serial);
+        self
     }
 
     /// Reports every commit to `observer`.
@@ -98,6 +163,13 @@ impl<S: SegmentStore> Committer<S> {
     fn start_commit(&mut self, ctx: &mut Context<Self>) {
         if self.waiting.is_empty() {
             return;
+        }
+        if let Some(until) = self.resting_until {
+            let now = Instant::now();
+            if until > now {
+                return; // the rest's end starts it
+            }
+            self.resting_until = None;
         }
         let Some(mut store) = self.store.take() else {
             return; // a transaction is in flight; its completion starts the next one
@@ -174,6 +246,17 @@ impl<S: SegmentStore> Committer<S> {
                             items: write.items,
                         }));
                     }
+                    if let Some(serial) = &act.serial {
+                        let gap = serial.rest();
+                        if !gap.is_zero() {
+                            act.resting_until = Some(Instant::now() + gap);
+                            ctx.run_later(gap, |act, ctx| {
+                                act.resting_until = None;
+                                act.start_commit(ctx);
+                            });
+                            return;
+                        }
+                    }
                     act.start_commit(ctx);
                 }),
         );
@@ -203,15 +286,15 @@ impl<S: SegmentStore> Handler<SegmentReady> for Committer<S> {
 ///
 /// While consumers of this broker are draining a backlog ([`CommitterPool::serialize_for`]),
 /// nothing spills: every segment waits for the first committer, whose next transaction merges
-/// all of them. Pushes then cost less CPU each (fuller transactions) and take less of the
-/// machine, and the consumers catch up instead of falling further behind.
+/// all of them, and that committer pauses between transactions for as long as it is told (the
+/// further behind the consumers, the longer). Pushes then cost less CPU each (fuller
+/// transactions), are answered later, and take less of the machine, so producers slow down to
+/// what the consumers can follow instead of running the backlog up.
 #[derive(Clone)]
 pub struct CommitterPool {
     committers: Arc<Vec<(Recipient<SegmentReady>, Arc<AtomicUsize>)>>,
     spill_items: usize,
-    /// Until when (milliseconds after `epoch`) nothing spills.
-    serial_until: Arc<AtomicU64>,
-    epoch: Instant,
+    serial: Arc<Serial>,
 }
 
 impl CommitterPool {
@@ -220,6 +303,16 @@ impl CommitterPool {
         committers: Vec<(Recipient<SegmentReady>, Arc<AtomicUsize>)>,
         spill_items: usize,
     ) -> Self {
+        Self::with_serial(committers, spill_items, Arc::default())
+    }
+
+    /// [`CommitterPool::new`], sharing `serial` with committers built
+    /// [`Committer::with_rest`].
+    pub fn with_serial(
+        committers: Vec<(Recipient<SegmentReady>, Arc<AtomicUsize>)>,
+        spill_items: usize,
+        serial: Arc<Serial>,
+    ) -> Self {
         assert!(
             !committers.is_empty(),
             "a committer pool needs at least one committer"
@@ -227,27 +320,26 @@ impl CommitterPool {
         Self {
             committers: Arc::new(committers),
             spill_items,
-            serial_until: Arc::new(AtomicU64::new(0)),
-            epoch: Instant::now(),
+            serial,
         }
     }
 
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    /// Commits one transaction at a time (no spilling) for the next `period`, e.g. because
+    /// consumers are draining a backlog, and meanwhile pauses `rest` after each transaction
+    /// (committers built [`Committer::with_serial`]; the latest call sets the pause); see the
+    /// type's docs.
+    pub fn serialize_for(&self, period: Duration, rest: Duration) {
+        self.serial.extend(period, rest);
     }
 
-    /// Commits one transaction at a time (no spilling) for the next `period`, e.g. because
-    /// consumers are draining a backlog; see the type's docs.
-    pub fn serialize_for(&self, period: Duration) {
-        let until = self
-            .now_ms()
-            .saturating_add(u64::try_from(period.as_millis()).unwrap_or(u64::MAX));
-        self.serial_until.fetch_max(until, Ordering::Relaxed);
+    /// The pause between transactions now (zero unless serialized).
+    pub fn rest(&self) -> Duration {
+        self.serial.rest()
     }
 
     /// Whether segments spill to parallel transactions now.
     pub fn spills(&self) -> bool {
-        self.now_ms() >= self.serial_until.load(Ordering::Relaxed)
+        !self.serial.active()
     }
 
     /// Hands a segment to a committer; see the type's docs.

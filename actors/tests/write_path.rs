@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use actix::prelude::*;
-use broker_actors::committer::{CommitterLimits, CommitterPool, SegmentReady};
+use broker_actors::committer::{Committer, CommitterLimits, CommitterPool, SegmentReady, Serial};
 use broker_actors::error::PushError;
 use broker_actors::partition::{IdleCheck, PartitionLimits, Push};
 use broker_actors::registry::{Registry, RETRY_AFTER};
@@ -190,7 +190,10 @@ async fn while_serialized_nothing_spills_and_the_waiting_segments_leave_together
     );
     let key = |name: &str| PartitionKey::new("q", name);
     assert!(pool.spills());
-    pool.serialize_for(std::time::Duration::from_secs(60));
+    pool.serialize_for(
+        std::time::Duration::from_secs(60),
+        std::time::Duration::ZERO,
+    );
     assert!(!pool.spills());
 
     let s1 = submit(&pool, "s1-", 3);
@@ -222,12 +225,58 @@ async fn while_serialized_nothing_spills_and_the_waiting_segments_leave_together
     // A shorter period never cuts a longer one short; once over, the pool spills again.
     let (store, _probe) = gated_store();
     let pool = CommitterPool::new(vec![committer(2, store, CommitterLimits::default())], 3);
-    pool.serialize_for(std::time::Duration::from_millis(30));
-    pool.serialize_for(std::time::Duration::from_millis(1));
+    pool.serialize_for(
+        std::time::Duration::from_millis(30),
+        std::time::Duration::ZERO,
+    );
+    pool.serialize_for(
+        std::time::Duration::from_millis(1),
+        std::time::Duration::ZERO,
+    );
     std::thread::sleep(std::time::Duration::from_millis(5));
     assert!(!pool.spills());
     std::thread::sleep(std::time::Duration::from_millis(40));
     assert!(pool.spills());
+}
+
+#[actix::test]
+async fn while_serialized_with_a_rest_the_next_transaction_waits_for_it() {
+    let serial = std::sync::Arc::new(Serial::default());
+    let (store, mut probe) = open_store();
+    let load = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let addr = Committer::new(0, store, load.clone(), CommitterLimits::default())
+        .with_serial(serial.clone())
+        .start();
+    let pool = CommitterPool::with_serial(vec![(addr.recipient(), load)], 3, serial);
+    let key = |name: &str| PartitionKey::new("q", name);
+    let rest = Duration::from_millis(300);
+
+    // Not serialized: no rest, whatever was asked before.
+    assert_eq!(pool.rest(), Duration::ZERO);
+    let a = submit(&pool, "a-", 1);
+    assert_eq!(probe.next_commit().await, vec![seg(&key("a-"), &["a-0"])]);
+    a.await.unwrap().expect("committed");
+
+    pool.serialize_for(Duration::from_secs(60), rest);
+    assert_eq!(pool.rest(), rest);
+    let b = submit(&pool, "b-", 1);
+    assert_eq!(probe.next_commit().await, vec![seg(&key("b-"), &["b-0"])]);
+    let committed = std::time::Instant::now();
+    b.await.unwrap().expect("committed");
+    // Two segments arrive during the rest; they leave together when it ends.
+    let c = submit(&pool, "c-", 1);
+    let d = submit(&pool, "d-", 2);
+    assert_eq!(
+        probe.next_commit().await,
+        vec![seg(&key("c-"), &["c-0"]), seg(&key("d-"), &["d-0", "d-1"])]
+    );
+    assert!(
+        committed.elapsed() >= rest - Duration::from_millis(20),
+        "the next transaction started {:?} after the last, within the rest",
+        committed.elapsed()
+    );
+    c.await.unwrap().expect("committed");
+    d.await.unwrap().expect("committed");
 }
 
 #[actix::test]

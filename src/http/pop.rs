@@ -258,9 +258,18 @@ async fn serve(
 /// How long pushes commit one transaction at a time after a pop found its consumers behind.
 const YIELD_FOR: Duration = Duration::from_millis(250);
 
+/// Meanwhile the committer pauses after each transaction 1 ms for every `REST_PER_LAG` ms the
+/// popped message waited beyond `QUEEN_CONSUMER_LAG_MS`,
+const REST_PER_LAG: u64 = 4;
+
+/// up to this long.
+const MAX_REST: Duration = Duration::from_millis(30);
+
 /// When the oldest message of this pop waited at least `QUEEN_CONSUMER_LAG_MS`, its consumers
 /// are behind: for a while, pushes commit one transaction at a time (fuller transactions,
-/// cheaper per message, and CPU left to the consumers) rather than spilling into parallel ones.
+/// cheaper per message, and CPU left to the consumers) rather than spilling into parallel ones,
+/// and pause between transactions the longer the further behind the consumers are, so the
+/// producers (whose pushes are answered later) slow down to what the consumers can follow.
 fn yield_to_consumers(state: &AppState, decoded: &Decoded<'_>) {
     let lag = state.settings.consumer_lag;
     if lag.is_zero() {
@@ -275,8 +284,12 @@ fn yield_to_consumers(state: &AppState, decoded: &Decoded<'_>) {
         return;
     };
     let waited = Utc::now().timestamp_micros().saturating_sub(oldest);
-    if waited >= i64::try_from(lag.as_micros()).unwrap_or(i64::MAX) {
-        state.committers.serialize_for(YIELD_FOR);
+    let lag_us = i64::try_from(lag.as_micros()).unwrap_or(i64::MAX);
+    if waited >= lag_us {
+        // The further behind, the longer each pause between push transactions.
+        let behind = u64::try_from(waited - lag_us).unwrap_or(0);
+        let rest = Duration::from_micros(behind / REST_PER_LAG).min(MAX_REST);
+        state.committers.serialize_for(YIELD_FOR, rest);
     }
 }
 

@@ -120,10 +120,22 @@ async fn consumers_that_fall_behind_make_pushes_commit_one_transaction_at_a_time
     let second = pop(&app, "q", "batch=1").await;
     assert_eq!(ns(&second), vec![1]);
     assert!(!committers.spills());
+    // And pause between transactions: the message waited ≥ 50 ms beyond the lag.
+    assert!(
+        committers.rest() >= Duration::from_millis(12),
+        "{:?}",
+        committers.rest()
+    );
+    assert!(
+        committers.rest() <= Duration::from_millis(30),
+        "{:?}",
+        committers.rest()
+    );
     ack_all(&app, &second, "completed", None).await;
     // For a while only: then pushes spill again, and what they wrote is consumed as usual.
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(committers.spills());
+    assert_eq!(committers.rest(), Duration::ZERO);
     push_n(&app, "q", "p", 2, 3).await;
     assert_eq!(ns(&pop(&app, "q", "batch=10").await), vec![2, 3, 4]);
 
