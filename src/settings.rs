@@ -197,7 +197,7 @@ variables! {
     QUEEN_PRIVATE_PG_PROBE, "queen_private_pg_probe", Value("127.0.0.1:5432"), Text, "where a local PostgreSQL is looked for before a private one is started";
     QUEEN_COMMITTERS, "queen_committers", Value("2"), Count, "committer actors, each with its own connection";
     QUEEN_COMMITTER_SPILL_ITEMS, "queen_committer_spill_items", Value("256"), Count, "items one committer holds before the next starts a parallel transaction";
-    QUEEN_CONSUMER_LAG_MS, "queen_consumer_lag_ms", Value("100"), MillisOrZero, "when a pop hands out a message that waited this long (its consumers are behind), pushes commit one transaction at a time for the next 250 ms instead of spilling into parallel ones, leaving CPU to the consumers (0 turns this off)";
+    QUEEN_CONSUMER_LAG_MS, "queen_consumer_lag_ms", Value("100"), MillisOrZero, "when a pop hands out a message that waited this long (its consumers are behind), pushes commit one transaction at a time for the next 250 ms instead of spilling into parallel ones, pausing after each the longer the further behind (1 ms per 4 ms beyond this, at most 30 ms), leaving CPU to the consumers (0 turns this off)";
     QUEEN_COMMIT_TIMEOUT_MS, "queen_commit_timeout_ms", Value("10000"), Millis, "a commit taking longer counts as PostgreSQL unreachable (its items are spooled)";
     QUEEN_SEGMENT_CACHE_BYTES, "queen_segment_cache_bytes", Value("8388608"), Bytes, "committed segments kept in memory for pops and acks, of queues popped on this broker within the last minute (0 turns the cache off)";
     QUEEN_PARTITION_MAX_PENDING, "queen_partition_max_pending", Value("100000"), Count, "items waiting in one partition before 503";
