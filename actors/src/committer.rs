@@ -124,8 +124,8 @@ pub struct Committer<S: SegmentStore> {
     observer: Option<Arc<dyn CommitObserver>>,
     /// The pool's serial mode: while it is on, a pause after each transaction.
     serial: Option<Arc<Serial>>,
-    /// No transaction starts before this (a rest is running).
-    resting_until: Option<Instant>,
+    /// A rest is running: its end starts the next transaction.
+    resting: bool,
 }
 
 impl<S: SegmentStore> Committer<S> {
@@ -139,7 +139,7 @@ impl<S: SegmentStore> Committer<S> {
             limits,
             observer: None,
             serial: None,
-            resting_until: None,
+            resting: false,
         }
     }
 
@@ -164,12 +164,8 @@ impl<S: SegmentStore> Committer<S> {
         if self.waiting.is_empty() {
             return;
         }
-        if let Some(until) = self.resting_until {
-            let now = Instant::now();
-            if until > now {
-                return; // the rest's end starts it
-            }
-            self.resting_until = None;
+        if self.resting {
+            return; // the rest's end starts it
         }
         let Some(mut store) = self.store.take() else {
             return; // a transaction is in flight; its completion starts the next one
@@ -249,9 +245,9 @@ impl<S: SegmentStore> Committer<S> {
                     if let Some(serial) = &act.serial {
                         let gap = serial.rest();
                         if !gap.is_zero() {
-                            act.resting_until = Some(Instant::now() + gap);
+                            act.resting = true;
                             ctx.run_later(gap, |act, ctx| {
-                                act.resting_until = None;
+                                act.resting = false;
                                 act.start_commit(ctx);
                             });
                             return;
@@ -307,7 +303,7 @@ impl CommitterPool {
     }
 
     /// [`CommitterPool::new`], sharing `serial` with committers built
-    /// [`Committer::with_rest`].
+    /// [`Committer::with_serial`].
     pub fn with_serial(
         committers: Vec<(Recipient<SegmentReady>, Arc<AtomicUsize>)>,
         spill_items: usize,

@@ -14,17 +14,19 @@ async fn apply(state: &AppState, list: Vec<Ack>) -> Result<HttpResponse, ApiErro
     let outcomes = with_db(state, async {
         // The common ack joins the others waiting to be committed together.
         if let Some(plan) = acks::plan_completed_fast(&state.cache, &list)? {
-            let (lease, partition) = (plan.ack.lease, list[0].partition);
-            let (partition_id, group) = (plan.ack.partition_id, plan.ack.group.clone());
+            let (lease, partition, partition_id) =
+                (plan.ack.lease, list[0].partition, plan.ack.partition_id);
             if let Some(applied) = state.ack_group.apply(plan.ack).await {
                 if applied.released {
                     state.cache.forget_lease(lease, partition);
                 }
                 if applied.left_behind {
-                    // The release left messages behind: a waiting consumer takes them now
-                    // rather than at its next wake-up or re-check.
-                    // The next pop of the group here claims it by its id.
-                    state.handoffs.offer(&plan.queue, &group, partition_id);
+                    // The release left messages behind: the next pop of the group here claims
+                    // the partition by its id, and a waiting consumer takes them now rather
+                    // than at its next wake-up or re-check.
+                    state
+                        .handoffs
+                        .offer(&plan.queue, &list[0].group, partition_id);
                     state.wake.wake(&plan.queue, &plan.partition);
                 }
                 return Ok(acks::fast_outcomes(

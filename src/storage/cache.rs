@@ -122,6 +122,23 @@ struct Inner {
     bytes: usize,
 }
 
+impl Inner {
+    /// The run of consecutive segments of `pid` held that ends at its newest one:
+    /// `(pid, first base, last base)`.
+    fn held_run(&self, pid: i64) -> Option<(i64, i64, i64)> {
+        let mut segments = self.by_partition.get(&pid)?.values().rev();
+        let newest = segments.next()?;
+        let mut first = newest.base_offset;
+        for seg in segments {
+            if seg.base_offset + seg.count != first {
+                break;
+            }
+            first = seg.base_offset;
+        }
+        Some((pid, first, newest.base_offset))
+    }
+}
+
 /// The cache; cheap to share behind an `Arc`.
 #[derive(Debug)]
 pub struct SegmentCache {
@@ -265,24 +282,12 @@ impl SegmentCache {
     /// segment evicted meanwhile is read again (the caller checks [`SegmentCache::get`]).
     pub fn held_runs(&self, n: usize) -> Vec<(i64, i64, i64)> {
         let inner = self.inner.lock().expect("segment cache lock poisoned");
-        let run = |pid: i64| {
-            let mut segments = inner.by_partition.get(&pid)?.values().rev();
-            let newest = segments.next()?;
-            let mut first = newest.base_offset;
-            for seg in segments {
-                if seg.base_offset + seg.count != first {
-                    break;
-                }
-                first = seg.base_offset;
-            }
-            Some((pid, first, newest.base_offset))
-        };
         // Every partition held when they are few enough, else the most recent ones.
         if inner.by_partition.len() <= n {
             return inner
                 .by_partition
                 .keys()
-                .filter_map(|&pid| run(pid))
+                .filter_map(|&pid| inner.held_run(pid))
                 .collect();
         }
         let mut seen = std::collections::HashSet::new();
@@ -293,8 +298,15 @@ impl SegmentCache {
             .map(|&(pid, _)| pid)
             .filter(|pid| seen.insert(*pid))
             .take(n)
-            .filter_map(run)
+            .filter_map(|pid| inner.held_run(pid))
             .collect()
+    }
+
+    /// [`SegmentCache::held_runs`] of one partition: what a pop that knows its partition tells
+    /// PostgreSQL not to send.
+    pub fn held_run(&self, partition_id: i64) -> Option<(i64, i64, i64)> {
+        let inner = self.inner.lock().expect("segment cache lock poisoned");
+        inner.held_run(partition_id)
     }
 
     /// One cached segment.

@@ -343,10 +343,8 @@ async fn pop_ready(
     req: &PopRequest<'_>,
 ) -> Result<Option<Popped>, StorageError> {
     let lease_id = Uuid::now_v7();
-    let runs = req.cache.held_runs(HELD_PARTITIONS);
-    let held_pids: Vec<i64> = runs.iter().map(|r| r.0).collect();
-    let held_from: Vec<i64> = runs.iter().map(|r| r.1).collect();
-    let held_to: Vec<i64> = runs.iter().map(|r| r.2).collect();
+    // What the one-statement pop is told not to send, read once and only if it runs.
+    let mut all_held: Option<HeldRuns> = None;
     let sub = Subscription {
         from: None,
         scan: (0, 0),
@@ -356,30 +354,35 @@ async fn pop_ready(
     let mut deliveries = Vec::new();
     let mut handoffs_tried = 0;
     while remaining > 0 && deliveries.len() < req.partitions.max(1) {
-        let handoff = if handoffs_tried < HANDOFF_TRIES {
-            req.handoffs.next(req.queue, req.group)
-        } else {
-            None
-        };
-        let statement = match &handoff {
-            Some(_) => {
+        let handoff = (handoffs_tried < HANDOFF_TRIES)
+            .then(|| req.handoffs.next(req.queue, req.group))
+            .flatten();
+        // A hand-off names its partition: only that one's held run is sent.
+        let one_held;
+        let (sql, held) = match handoff {
+            Some(partition_id) => {
                 handoffs_tried += 1;
-                sqlx::query_as(HANDOFF_SQL)
+                one_held = HeldRuns::from(req.cache.held_run(partition_id).into_iter());
+                (HANDOFF_SQL, &one_held)
             }
-            None => sqlx::query_as(READY_SQL),
-        }
-        .bind(req.queue)
-        .bind(req.group)
-        .bind(lease_id)
-        .bind(req.owner)
-        .bind(remaining as i64)
-        .bind(&held_pids)
-        .bind(&held_from)
-        .bind(&held_to);
-        let statement = match &handoff {
-            Some(partition_id) => statement.bind(*partition_id),
-            None => statement,
+            None => (
+                READY_SQL,
+                &*all_held
+                    .get_or_insert_with(|| req.cache.held_runs(HELD_PARTITIONS).into_iter().into()),
+            ),
         };
+        let mut statement = sqlx::query_as(sql)
+            .bind(req.queue)
+            .bind(req.group)
+            .bind(lease_id)
+            .bind(req.owner)
+            .bind(remaining as i64)
+            .bind(&held.pids)
+            .bind(&held.from)
+            .bind(&held.to);
+        if let Some(partition_id) = handoff {
+            statement = statement.bind(partition_id);
+        }
         let rows: Vec<ReadyRow> = statement.fetch_all(&mut *conn).await?;
         let Some(head) = rows.first() else {
             if handoff.is_some() {
@@ -554,6 +557,27 @@ struct ClaimRow {
     base_offset: Option<i64>,
     msg_count: Option<i32>,
     frames: Option<Vec<u8>>,
+}
+
+/// Held runs as the one-statement pops take them: `$6` partition ids, `$7` first and `$8`
+/// last bases ([`SegmentCache::held_runs`]).
+#[derive(Default)]
+struct HeldRuns {
+    pids: Vec<i64>,
+    from: Vec<i64>,
+    to: Vec<i64>,
+}
+
+impl<I: Iterator<Item = (i64, i64, i64)>> From<I> for HeldRuns {
+    fn from(runs: I) -> Self {
+        let mut held = Self::default();
+        for (pid, from, to) in runs {
+            held.pids.push(pid);
+            held.from.push(from);
+            held.to.push(to);
+        }
+        held
+    }
 }
 
 /// Partitions whose cached segments are named to [`READY_SQL`] as not to be sent (those

@@ -17,7 +17,7 @@
 //! and group on this broker even when some do.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 /// Hand-offs kept per (queue, group) at most; a release beyond them is left to the
 /// one-statement pop's "released" list.
@@ -30,7 +30,7 @@ const MAX_GROUPS: usize = 4096;
 /// one-statement pop (which serves leases that ran out first).
 pub const ONE_STATEMENT_EVERY: usize = 8;
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Waiting {
     /// Partition database ids, oldest release first.
     list: VecDeque<i64>,
@@ -38,26 +38,30 @@ struct Waiting {
     taken: usize,
 }
 
-/// The hand-offs of this broker, per (queue, group); cheap to share behind an `Arc`.
+/// The hand-offs of this broker, by queue then group (looked up without allocating); cheap
+/// to share behind an `Arc`.
 #[derive(Debug, Default)]
 pub struct Handoffs {
-    by_group: Mutex<HashMap<(Arc<str>, String), Waiting>>,
+    by_queue: Mutex<HashMap<String, HashMap<String, Waiting>>>,
 }
 
 impl Handoffs {
     /// Offers the partition `partition_id` to the next pops of `(queue, group)` (once; at
     /// most [`MAX_PER_GROUP`] wait).
     pub fn offer(&self, queue: &str, group: &str, partition_id: i64) {
-        let mut by_group = self.by_group.lock().expect("hand-offs lock poisoned");
-        if by_group.len() >= MAX_GROUPS && !by_group.contains_key(&key(queue, group)) {
-            by_group.clear();
+        let mut by_queue = self.by_queue.lock().expect("hand-offs lock poisoned");
+        let known = by_queue.get(queue).is_some_and(|g| g.contains_key(group));
+        if !known && by_queue.values().map(HashMap::len).sum::<usize>() >= MAX_GROUPS {
+            by_queue.clear();
         }
-        let waiting = by_group
-            .entry(key(queue, group))
-            .or_insert_with(|| Waiting {
-                list: VecDeque::new(),
-                taken: 0,
-            });
+        let groups = match by_queue.get_mut(queue) {
+            Some(groups) => groups,
+            None => by_queue.entry(queue.to_string()).or_default(),
+        };
+        let waiting = match groups.get_mut(group) {
+            Some(waiting) => waiting,
+            None => groups.entry(group.to_string()).or_default(),
+        };
         if waiting.list.len() < MAX_PER_GROUP && !waiting.list.contains(&partition_id) {
             waiting.list.push_back(partition_id);
         }
@@ -66,8 +70,8 @@ impl Handoffs {
     /// The partition of the oldest hand-off of `(queue, group)`, unless none waits or the
     /// one-statement pop is due (then `None`, and the caller runs it: the count starts over).
     pub fn next(&self, queue: &str, group: &str) -> Option<i64> {
-        let mut by_group = self.by_group.lock().expect("hand-offs lock poisoned");
-        let waiting = by_group.get_mut(&key(queue, group))?;
+        let mut by_queue = self.by_queue.lock().expect("hand-offs lock poisoned");
+        let waiting = by_queue.get_mut(queue)?.get_mut(group)?;
         if waiting.list.is_empty() || waiting.taken + 1 >= ONE_STATEMENT_EVERY {
             waiting.taken = 0;
             return None;
@@ -79,21 +83,20 @@ impl Handoffs {
     /// Drops the hand-off of `partition_id` for `(queue, group)`, if one waits: a pop just
     /// claimed that partition another way.
     pub fn forget(&self, queue: &str, group: &str, partition_id: i64) {
-        let mut by_group = self.by_group.lock().expect("hand-offs lock poisoned");
-        if let Some(waiting) = by_group.get_mut(&key(queue, group)) {
+        let mut by_queue = self.by_queue.lock().expect("hand-offs lock poisoned");
+        if let Some(waiting) = by_queue.get_mut(queue).and_then(|g| g.get_mut(group)) {
             waiting.list.retain(|p| *p != partition_id);
         }
     }
 
     /// Hand-offs waiting for `(queue, group)`.
     pub fn waiting(&self, queue: &str, group: &str) -> usize {
-        let by_group = self.by_group.lock().expect("hand-offs lock poisoned");
-        by_group.get(&key(queue, group)).map_or(0, |w| w.list.len())
+        let by_queue = self.by_queue.lock().expect("hand-offs lock poisoned");
+        by_queue
+            .get(queue)
+            .and_then(|g| g.get(group))
+            .map_or(0, |w| w.list.len())
     }
-}
-
-fn key(queue: &str, group: &str) -> (Arc<str>, String) {
-    (Arc::from(queue), group.to_string())
 }
 
 #[cfg(test)]

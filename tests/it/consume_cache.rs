@@ -261,13 +261,6 @@ async fn the_pop_answer_is_valid_json_with_every_field_escaped_and_the_payload_v
     assert!(created.ends_with('Z'));
 }
 
-/// Whether every item of an ack answer succeeded.
-fn all_succeeded(answer: &Value) -> bool {
-    answer
-        .as_array()
-        .is_some_and(|items| items.iter().all(|a| a["success"] == true))
-}
-
 /// The acks of `reply`'s messages as the ack routes read them (all `completed`).
 fn acks_of(reply: &Reply) -> Vec<Ack> {
     messages(reply)

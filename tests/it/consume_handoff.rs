@@ -7,19 +7,18 @@
 //! one-statement pop leaves to the full pop is not served through a hand-off.
 
 use crate::support::consuming::*;
-use crate::support::{fresh_db, spawn_app, TestApp, TestDb};
+use crate::support::{fresh_db, spawn_app, Reply, TestApp, TestDb};
 use queen_broker::storage::consume::QUEUE_MODE;
 use queen_broker::storage::handoff::ONE_STATEMENT_EVERY;
-use serde_json::Value;
 
 fn waiting(app: &TestApp) -> usize {
     app.broker.state.handoffs.waiting("q", QUEUE_MODE)
 }
 
-fn all_succeeded(answer: &Value) -> bool {
-    answer
-        .as_array()
-        .is_some_and(|a| a.iter().all(|r| r["success"] == true))
+/// Acks every message of `reply` as completed; every ack must succeed.
+async fn ack_ok(app: &TestApp, reply: &Reply) {
+    let acked = ack_all(app, reply, "completed", None).await;
+    assert!(all_succeeded(&acked), "{acked}");
 }
 
 /// A broker with a consumer subscribed to `q` and `n` messages in partition `p`.
@@ -37,19 +36,16 @@ async fn an_ack_that_leaves_messages_hands_the_partition_to_the_next_pop() {
     let first = pop(&app, "q", "batch=2").await;
     assert_eq!(ns(&first), vec![0, 1]);
     assert_eq!(waiting(&app), 0);
-    let acked = ack_all(&app, &first, "completed", None).await;
-    assert!(all_succeeded(&acked), "{acked}");
+    ack_ok(&app, &first).await;
     assert_eq!(waiting(&app), 1, "released with 2..4 left: handed off");
 
     let second = pop(&app, "q", "batch=2").await;
     assert_eq!(ns(&second), vec![2, 3]);
     assert_ne!(second.body["leaseId"], first.body["leaseId"]);
-    let acked = ack_all(&app, &second, "completed", None).await;
-    assert!(all_succeeded(&acked), "{acked}");
+    ack_ok(&app, &second).await;
     let last = pop(&app, "q", "batch=2").await;
     assert_eq!(ns(&last), vec![4]);
-    let acked = ack_all(&app, &last, "completed", None).await;
-    assert!(all_succeeded(&acked), "{acked}");
+    ack_ok(&app, &last).await;
     assert_eq!(pop(&app, "q", "batch=2").await.status, 204);
 }
 
@@ -60,8 +56,7 @@ async fn a_hand_off_another_broker_made_stale_claims_nothing() {
     let there = spawn_app(&db).await;
     let first = pop(&here, "q", "batch=2").await;
     assert_eq!(ns(&first), vec![0, 1]);
-    let acked = ack_all(&here, &first, "completed", None).await;
-    assert!(all_succeeded(&acked), "{acked}");
+    ack_ok(&here, &first).await;
     assert_eq!(waiting(&here), 1);
 
     // The other broker takes the partition first; the hand-off here is now stale.
@@ -74,8 +69,7 @@ async fn a_hand_off_another_broker_made_stale_claims_nothing() {
         "the lease is held elsewhere: nothing for this broker"
     );
     assert_eq!(waiting(&here), 0, "tried and dropped");
-    let acked = ack_all(&there, &taken, "completed", None).await;
-    assert!(all_succeeded(&acked), "{acked}");
+    ack_ok(&there, &taken).await;
     assert_eq!(pop(&here, "q", "batch=2").await.status, 204);
 }
 
@@ -85,8 +79,7 @@ async fn a_lease_that_ran_out_is_served_while_hand_offs_keep_coming() {
     let app = subscribed_with(&db, 2 * ONE_STATEMENT_EVERY as i64 + 2).await;
     let first = pop(&app, "q", "batch=1").await;
     assert_eq!(ns(&first), vec![0]);
-    let acked = ack_all(&app, &first, "completed", None).await;
-    assert!(all_succeeded(&acked), "{acked}");
+    ack_ok(&app, &first).await;
     assert_eq!(waiting(&app), 1);
     push_n(&app, "q", "stuck", 0, 1).await;
     let stuck = pop_partition(&app, "q", "stuck", "batch=1").await;
@@ -104,8 +97,7 @@ async fn a_lease_that_ran_out_is_served_while_hand_offs_keep_coming() {
     for _ in 0..ONE_STATEMENT_EVERY + 1 {
         let reply = pop(&app, "q", "batch=1").await;
         let partition = messages(&reply)[0]["partition"].clone();
-        let acked = ack_all(&app, &reply, "completed", None).await;
-        assert!(all_succeeded(&acked), "{acked}");
+        ack_ok(&app, &reply).await;
         if partition == "stuck" {
             redelivered = true;
             break;
@@ -124,8 +116,7 @@ async fn a_queue_turned_to_delayed_processing_is_not_served_through_a_hand_off()
     let app = subscribed_with(&db, 4).await;
     let first = pop(&app, "q", "batch=2").await;
     assert_eq!(ns(&first), vec![0, 1]);
-    let acked = ack_all(&app, &first, "completed", None).await;
-    assert!(all_succeeded(&acked), "{acked}");
+    ack_ok(&app, &first).await;
     assert_eq!(waiting(&app), 1);
 
     // Messages 2 and 3 were written just now: an hour's delay holds them back.

@@ -116,6 +116,13 @@ pub async fn ack_all(app: &TestApp, reply: &Reply, status: &str, group: Option<&
     r.body
 }
 
+/// Whether every item of an ack answer succeeded.
+pub fn all_succeeded(answer: &Value) -> bool {
+    answer
+        .as_array()
+        .is_some_and(|items| items.iter().all(|a| a["success"] == true))
+}
+
 /// Acks one message (single route).
 pub async fn ack_one(app: &TestApp, message: &Value, status: &str, group: Option<&str>) -> Value {
     let r = app
