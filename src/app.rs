@@ -23,6 +23,7 @@ use crate::settings::Settings;
 use crate::state::{read_flags, AppState, Flags, Inflight};
 use crate::storage::cache::SegmentCache;
 use crate::storage::crypto::PayloadKey;
+use crate::storage::handoff::Handoffs;
 use crate::storage::hosts::Primary;
 use crate::storage::{self, commit::PgStore};
 use crate::wake::{self, WakeHub};
@@ -311,6 +312,14 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         settings.retention_batch,
     ));
     let hub = WakeHub::new();
+    // Every written partition is offered to the pops of its queue on this broker.
+    let handoffs: Arc<Handoffs> = Arc::default();
+    {
+        let handoffs = handoffs.clone();
+        hub.on_written(Box::new(move |queue, partition_id| {
+            handoffs.written(queue, partition_id)
+        }));
+    }
     let listener = Arc::new(Mutex::new(wake::spawn_listener(
         options.clone(),
         hub.clone(),
@@ -348,7 +357,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         cache,
         metrics,
         payload_key,
-        handoffs: Arc::default(),
+        handoffs,
         ack_group: storage::ack_group::AckGroup::start(pool_for_acks, ACK_WORKERS),
         primary: primary.clone(),
     });

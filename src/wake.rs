@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use broker_actors::PartitionKey;
@@ -36,11 +36,16 @@ pub enum WakeKey {
     Any,
 }
 
+/// What is told of every partition a commit wrote, by queue name and partition id, before its
+/// waiting pops are woken (the broker offers it to them: `storage::handoff`).
+pub type WrittenHook = Box<dyn Fn(&str, i64) + Send + Sync>;
+
 /// Waiting pops by key; cheap to share.
 #[derive(Default)]
 pub struct WakeHub {
     waiters: Mutex<Waiters>,
     listening: AtomicBool,
+    written: OnceLock<WrittenHook>,
 }
 
 /// The registrations, with the named groups waiting on each queue, so a wake-up finds the
@@ -118,6 +123,11 @@ impl WakeHub {
             key,
             notify,
         }
+    }
+
+    /// Sets what is told of each partition a commit wrote (once; later calls are ignored).
+    pub fn on_written(&self, hook: WrittenHook) {
+        let _ = self.written.set(hook);
     }
 
     /// Whether the LISTEN connection is up (other brokers' pushes reach this one).
@@ -203,10 +213,20 @@ impl WakeHub {
         }
     }
 
-    /// Applies a `queen_push` payload (see [`notify_payload`]).
+    /// Applies a `queen_push` payload (see [`notify_payload`]): each written partition is
+    /// told to the written hook (when the payload names its id), then its pops are woken.
     pub fn apply_payload(&self, payload: &str) {
-        if let Ok(pairs) = serde_json::from_str::<Vec<(String, String)>>(payload) {
-            for (queue, partition) in pairs {
+        if let Ok(written) = serde_json::from_str::<Vec<Written>>(payload) {
+            for w in written {
+                let (queue, partition) = match w {
+                    Written::WithId(queue, partition, id) => {
+                        if let Some(hook) = self.written.get() {
+                            hook(&queue, id);
+                        }
+                        (queue, partition)
+                    }
+                    Written::Named(queue, partition) => (queue, partition),
+                };
                 self.wake(&queue, &partition);
             }
         } else if let Ok(queues) = serde_json::from_str::<Vec<String>>(payload) {
@@ -219,15 +239,28 @@ impl WakeHub {
     }
 }
 
-/// The NOTIFY payload naming the partitions a commit wrote: a JSON array of `[queue,
-/// partition]` pairs, or of queue names when that is too long, or `*` (wake everyone).
-pub fn notify_payload(written: &[&PartitionKey]) -> String {
-    let pairs: Vec<(&str, &str)> = written.iter().map(|k| (&*k.queue, &*k.partition)).collect();
-    let text = serde_json::to_string(&pairs).expect("strings serialise");
+/// A written partition as a payload names it: `[queue, partition, id]`, or `[queue,
+/// partition]` as brokers before the id was added send it.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Written {
+    WithId(String, String, i64),
+    Named(String, String),
+}
+
+/// The NOTIFY payload naming the partitions a commit wrote, with their database ids: a JSON
+/// array of `[queue, partition, id]` triples, or of queue names when that is too long, or `*`
+/// (wake everyone).
+pub fn notify_payload(written: &[(&PartitionKey, i64)]) -> String {
+    let triples: Vec<(&str, &str, i64)> = written
+        .iter()
+        .map(|(k, id)| (&*k.queue, &*k.partition, *id))
+        .collect();
+    let text = serde_json::to_string(&triples).expect("strings serialise");
     if text.len() <= MAX_PAYLOAD {
         return text;
     }
-    let mut queues: Vec<&str> = pairs.iter().map(|(q, _)| *q).collect();
+    let mut queues: Vec<&str> = triples.iter().map(|(q, _, _)| *q).collect();
     queues.sort_unstable();
     queues.dedup();
     let text = serde_json::to_string(&queues).expect("strings serialise");
@@ -345,19 +378,19 @@ mod tests {
     #[test]
     fn payload_names_partitions_then_queues_then_everything() {
         let small = [PartitionKey::new("q", "p")];
-        let refs: Vec<&PartitionKey> = small.iter().collect();
-        assert_eq!(notify_payload(&refs), r#"[["q","p"]]"#);
+        let refs: Vec<(&PartitionKey, i64)> = small.iter().map(|k| (k, 42)).collect();
+        assert_eq!(notify_payload(&refs), r#"[["q","p",42]]"#);
 
         let many: Vec<PartitionKey> = (0..1000)
             .map(|n| PartitionKey::new("orders", &format!("partition-{n}")))
             .collect();
-        let refs: Vec<&PartitionKey> = many.iter().collect();
+        let refs: Vec<(&PartitionKey, i64)> = many.iter().zip(0..).collect();
         assert_eq!(notify_payload(&refs), r#"["orders"]"#);
 
         let huge: Vec<PartitionKey> = (0..1000)
             .map(|n| PartitionKey::new(&format!("queue-{n}"), "p"))
             .collect();
-        let refs: Vec<&PartitionKey> = huge.iter().collect();
+        let refs: Vec<(&PartitionKey, i64)> = huge.iter().zip(0..).collect();
         assert_eq!(notify_payload(&refs), "*");
     }
 
@@ -414,5 +447,39 @@ mod tests {
         drop(waiter);
         assert!(hub.waiters.lock().unwrap().by_key.is_empty());
         assert!(hub.waiters.lock().unwrap().groups.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_payload_tells_the_written_ids_before_it_wakes_and_old_payloads_still_wake() {
+        let hub = WakeHub::new();
+        let told = Arc::new(Mutex::new(Vec::new()));
+        {
+            let told = told.clone();
+            hub.on_written(Box::new(move |queue: &str, id: i64| {
+                told.lock().unwrap().push((queue.to_string(), id));
+            }));
+        }
+        let waiter = hub.subscribe(WakeKey::Group("q".into(), "g".into()));
+        let notified = waiter.notify().notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        hub.apply_payload(r#"[["q","p",7],["r","s",8]]"#);
+        assert_eq!(
+            *told.lock().unwrap(),
+            vec![("q".to_string(), 7), ("r".to_string(), 8)]
+        );
+        tokio::time::timeout(Duration::from_secs(1), notified.as_mut())
+            .await
+            .expect("woken");
+
+        // A payload without ids (a broker of an earlier version) wakes, and tells nothing.
+        let notified = waiter.notify().notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        hub.apply_payload(r#"[["q","p"]]"#);
+        tokio::time::timeout(Duration::from_secs(1), notified)
+            .await
+            .expect("woken");
+        assert_eq!(told.lock().unwrap().len(), 2);
     }
 }

@@ -504,7 +504,7 @@ struct WritePlan<'a> {
     key_pids: Vec<i64>,
     key_hashes: Vec<i64>,
     key_offsets: Vec<i64>,
-    written: Vec<&'a PartitionKey>,
+    written: Vec<(&'a PartitionKey, i64)>,
 }
 
 /// Writes the batch under the locks already held. Optimistic about duplicates: the write is
@@ -689,7 +689,7 @@ fn plan_write<'a>(
             });
             plan.upd_ids.push(pid);
             plan.upd_next.push(end);
-            plan.written.push(&write.key);
+            plan.written.push((&write.key, pid));
             next.insert(pid, end);
         }
         plan.outcomes.push(SegmentOutcome {

@@ -212,6 +212,10 @@ pub async fn pop(
     // the written partitions first and at untouched ones before the others.
     req.cache.note_pop(req.queue);
     let written_first = req.partition.is_none() && req.cache.full_scan_due(req.queue, req.group);
+    if written_first {
+        // The one-statement pop enters the pair when it asks for a hand-off; this one does not.
+        req.handoffs.enter(req.queue, req.group);
+    }
     if req.partition.is_none() && !written_first {
         if let Some(popped) = pop_ready(conn, req).await? {
             return Ok(Some(popped));
@@ -353,10 +357,18 @@ async fn pop_ready(
     let mut remaining = req.batch.max(1);
     let mut deliveries = Vec::new();
     let mut handoffs_tried = 0;
+    // Whether the one-statement pop ran and found nothing: hand-offs are then tried even when
+    // it was its turn.
+    let mut ready_empty = false;
     while remaining > 0 && deliveries.len() < req.partitions.max(1) {
-        let handoff = (handoffs_tried < HANDOFF_TRIES)
-            .then(|| req.handoffs.next(req.queue, req.group))
-            .flatten();
+        let handoff = match (handoffs_tried < HANDOFF_TRIES, ready_empty) {
+            (false, _) => None,
+            (true, false) => req.handoffs.next(req.queue, req.group),
+            (true, true) => req.handoffs.take(req.queue, req.group),
+        };
+        if handoff.is_none() && ready_empty {
+            break;
+        }
         // A hand-off names its partition: only that one's held run is sent.
         let one_held;
         let (sql, held) = match handoff {
@@ -385,11 +397,10 @@ async fn pop_ready(
         }
         let rows: Vec<ReadyRow> = statement.fetch_all(&mut *conn).await?;
         let Some(head) = rows.first() else {
-            if handoff.is_some() {
-                // Taken meanwhile, or nothing left: the next hand-off, or the lists.
-                continue;
-            }
-            break;
+            // A hand-off taken meanwhile or with nothing left: the next one, or the lists.
+            // The lists empty: a hand-off, if one waits.
+            ready_empty |= handoff.is_none();
+            continue;
         };
         if handoff.is_none() {
             req.handoffs.forget(req.queue, req.group, head.partition_id);

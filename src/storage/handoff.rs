@@ -1,8 +1,10 @@
-//! Partitions an ack of this broker released with messages left behind, offered to the next
-//! queue-level pop of the same queue and group on this broker.
+//! Partitions known to have messages for a queue and group, offered to the next queue-level
+//! pop of that queue and group on this broker: those an ack of this broker released with
+//! messages left behind, and those a commit (of any broker: its `NOTIFY` names them) just
+//! wrote, for every group that pops the queue here.
 //!
 //! Under a steady load almost every ack ends its lease with more messages waiting in the
-//! partition. The one-statement pop ([`crate::storage::consume::READY_SQL`]) would find that
+//! partition, and under a live load every commit writes partitions a consumer is waiting for. The one-statement pop ([`crate::storage::consume::READY_SQL`]) would find that
 //! partition again through the "released" list, but it is a large statement: three candidate
 //! lists, a sort and a row lock each, initialised on every call. A pop that knows which
 //! partition to take claims it by primary key instead ([`crate::storage::consume`]'s hand-off
@@ -19,8 +21,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
-/// Hand-offs kept per (queue, group) at most; a release beyond them is left to the
-/// one-statement pop's "released" list.
+/// Hand-offs kept per (queue, group) at most; a release or write beyond them is left to the
+/// one-statement pop's lists.
 pub const MAX_PER_GROUP: usize = 256;
 
 /// (queue, group) pairs kept at most; beyond them the book starts over.
@@ -32,10 +34,19 @@ pub const ONE_STATEMENT_EVERY: usize = 8;
 
 #[derive(Debug, Default)]
 struct Waiting {
-    /// Partition database ids, oldest release first.
+    /// Partition database ids, oldest offer first.
     list: VecDeque<i64>,
     /// Hand-offs taken since a pop of this queue and group last ran the one-statement pop.
     taken: usize,
+}
+
+impl Waiting {
+    /// Adds the partition at the back, unless it waits already or the list is full.
+    fn add(&mut self, partition_id: i64) {
+        if self.list.len() < MAX_PER_GROUP && !self.list.contains(&partition_id) {
+            self.list.push_back(partition_id);
+        }
+    }
 }
 
 /// The hand-offs of this broker, by queue then group (looked up without allocating); cheap
@@ -50,27 +61,22 @@ impl Handoffs {
     /// most [`MAX_PER_GROUP`] wait).
     pub fn offer(&self, queue: &str, group: &str, partition_id: i64) {
         let mut by_queue = self.by_queue.lock().expect("hand-offs lock poisoned");
-        let known = by_queue.get(queue).is_some_and(|g| g.contains_key(group));
-        if !known && by_queue.values().map(HashMap::len).sum::<usize>() >= MAX_GROUPS {
-            by_queue.clear();
-        }
-        let groups = match by_queue.get_mut(queue) {
-            Some(groups) => groups,
-            None => by_queue.entry(queue.to_string()).or_default(),
-        };
-        let waiting = match groups.get_mut(group) {
-            Some(waiting) => waiting,
-            None => groups.entry(group.to_string()).or_default(),
-        };
-        if waiting.list.len() < MAX_PER_GROUP && !waiting.list.contains(&partition_id) {
-            waiting.list.push_back(partition_id);
+        Self::entered(&mut by_queue, queue, group);
+        if let Some(waiting) = by_queue.get_mut(queue).and_then(|g| g.get_mut(group)) {
+            waiting.add(partition_id);
         }
     }
 
     /// The partition of the oldest hand-off of `(queue, group)`, unless none waits or the
     /// one-statement pop is due (then `None`, and the caller runs it: the count starts over).
+    ///
+    /// The first call for a pair enters it in the book, so that writes are offered to it from
+    /// then on ([`Handoffs::written`]).
     pub fn next(&self, queue: &str, group: &str) -> Option<i64> {
         let mut by_queue = self.by_queue.lock().expect("hand-offs lock poisoned");
+        if Self::entered(&mut by_queue, queue, group) {
+            return None;
+        }
         let waiting = by_queue.get_mut(queue)?.get_mut(group)?;
         if waiting.list.is_empty() || waiting.taken + 1 >= ONE_STATEMENT_EVERY {
             waiting.taken = 0;
@@ -78,6 +84,53 @@ impl Handoffs {
         }
         waiting.taken += 1;
         waiting.list.pop_front()
+    }
+
+    /// The partition of the oldest hand-off of `(queue, group)`, whether or not the
+    /// one-statement pop is due (it just ran and found nothing).
+    pub fn take(&self, queue: &str, group: &str) -> Option<i64> {
+        let mut by_queue = self.by_queue.lock().expect("hand-offs lock poisoned");
+        by_queue.get_mut(queue)?.get_mut(group)?.list.pop_front()
+    }
+
+    /// Enters `(queue, group)` in the book, if it is not yet: a queue-level pop of the pair
+    /// ran on this broker, so writes to the queue are offered to it from now on.
+    pub fn enter(&self, queue: &str, group: &str) {
+        let mut by_queue = self.by_queue.lock().expect("hand-offs lock poisoned");
+        Self::entered(&mut by_queue, queue, group);
+    }
+
+    /// Enters the pair unless it is known; whether it was new.
+    fn entered(
+        by_queue: &mut HashMap<String, HashMap<String, Waiting>>,
+        queue: &str,
+        group: &str,
+    ) -> bool {
+        if by_queue.get(queue).is_some_and(|g| g.contains_key(group)) {
+            return false;
+        }
+        if by_queue.values().map(HashMap::len).sum::<usize>() >= MAX_GROUPS {
+            by_queue.clear();
+        }
+        by_queue
+            .entry(queue.to_string())
+            .or_default()
+            .insert(group.to_string(), Waiting::default());
+        true
+    }
+
+    /// Offers the partition `partition_id` of `queue`, which a commit just wrote, to every
+    /// group that pops the queue on this broker (those in the book), unless it waits already
+    /// or the group's list is full.
+    pub fn written(&self, queue: &str, partition_id: i64) {
+        let mut by_queue = self.by_queue.lock().expect("hand-offs lock poisoned");
+        for waiting in by_queue
+            .get_mut(queue)
+            .into_iter()
+            .flat_map(|g| g.values_mut())
+        {
+            waiting.add(partition_id);
+        }
     }
 
     /// Drops the hand-off of `partition_id` for `(queue, group)`, if one waits: a pop just
@@ -141,6 +194,31 @@ mod tests {
             .chain([None])
             .collect();
         assert_eq!(taken, expected, "the last one runs the one-statement pop");
-        assert_eq!(h.next("q", "g"), Some(ONE_STATEMENT_EVERY as i64 - 1));
+        assert_eq!(
+            h.take("q", "g"),
+            Some(ONE_STATEMENT_EVERY as i64 - 1),
+            "when it found nothing, the hand-off it skipped"
+        );
+        assert_eq!(h.next("q", "g"), Some(ONE_STATEMENT_EVERY as i64));
+    }
+
+    #[test]
+    fn a_write_is_offered_once_to_each_group_that_pops_the_queue() {
+        let h = Handoffs::default();
+        h.written("q", 7);
+        assert_eq!(h.waiting("q", "g"), 0, "nobody pops q yet: nothing kept");
+        assert_eq!(h.next("q", "g"), None, "the first pop enters the group");
+        assert_eq!(h.next("q", "h"), None);
+        h.offer("q", "g", 5);
+        h.written("q", 5);
+        h.written("q", 7);
+        h.written("q", 7);
+        h.written("other", 9);
+        assert_eq!(h.waiting("q", "g"), 2);
+        assert_eq!(h.waiting("q", "h"), 2);
+        assert_eq!(h.next("q", "g"), Some(5));
+        assert_eq!(h.next("q", "g"), Some(7));
+        assert_eq!(h.next("q", "h"), Some(5));
+        assert_eq!(h.waiting("other", "g"), 0);
     }
 }

@@ -4,10 +4,13 @@
 //! what waits and what the queue's options allow. Proven here: the next pop takes the
 //! partition from where the ack left it; a hand-off another broker made stale claims nothing;
 //! a lease that ran out is served while hand-offs keep coming; a queue whose options the
-//! one-statement pop leaves to the full pop is not served through a hand-off.
+//! one-statement pop leaves to the full pop is not served through a hand-off; a partition
+//! written by this or another broker is offered to the groups that pop its queue here.
 
 use crate::support::consuming::*;
-use crate::support::{fresh_db, spawn_app, Reply, TestApp, TestDb};
+use std::time::Duration;
+
+use crate::support::{eventually, fresh_db, spawn_app, Reply, TestApp, TestDb};
 use queen_broker::storage::consume::QUEUE_MODE;
 use queen_broker::storage::handoff::ONE_STATEMENT_EVERY;
 
@@ -85,6 +88,15 @@ async fn a_lease_that_ran_out_is_served_while_hand_offs_keep_coming() {
     let stuck = pop_partition(&app, "q", "stuck", "batch=1").await;
     assert_eq!(ns(&stuck), vec![0]);
     let stuck_id = partition_id(&db, "stuck").await;
+    // Its write offered `stuck` too; only the hand-offs of `p` may be left, so that nothing
+    // but the one-statement pop can find the lease that runs out.
+    eventually(
+        Duration::from_secs(5),
+        "the write of stuck offered",
+        || async { (waiting(&app) == 2).then_some(()) },
+    )
+    .await;
+    app.broker.state.handoffs.forget("q", QUEUE_MODE, stuck_id);
     db.exec(&format!(
         "UPDATE queen.partition_consumers SET lease_expires_at = now() - interval '1 second'
           WHERE partition_id = {stuck_id}"
@@ -124,4 +136,44 @@ async fn a_queue_turned_to_delayed_processing_is_not_served_through_a_hand_off()
         .await;
     assert_eq!(pop(&app, "q", "batch=2").await.status, 204);
     assert_eq!(waiting(&app), 0);
+}
+
+#[actix_web::test]
+async fn a_partition_written_by_any_broker_is_offered_to_the_groups_popping_here() {
+    let db = fresh_db().await;
+    let here = subscribed_with(&db, 1).await;
+    let there = spawn_app(&db).await;
+    let first = pop(&here, "q", "batch=10").await;
+    assert_eq!(ns(&first), vec![0]);
+    ack_ok(&here, &first).await;
+    assert_eq!(waiting(&here), 0, "nothing left behind");
+
+    // Another broker writes a partition: its commit's NOTIFY names the partition's id, and
+    // this broker offers it to the group that pops `q` here.
+    push_n(&there, "q", "w", 0, 3).await;
+    eventually(Duration::from_secs(5), "the write offered", || async {
+        (waiting(&here) == 1).then_some(())
+    })
+    .await;
+    let w = pop(&here, "q", "batch=10").await;
+    assert_eq!(ns(&w), vec![0, 1, 2]);
+    assert_eq!(messages(&w)[0]["partition"], "w");
+    assert_eq!(waiting(&here), 0, "taken");
+
+    // Written while leased: the offer is tried and dropped, the messages wait for the ack,
+    // which hands the partition on.
+    push_n(&here, "q", "w", 3, 2).await;
+    eventually(
+        Duration::from_secs(5),
+        "the second write offered",
+        || async { (waiting(&here) == 1).then_some(()) },
+    )
+    .await;
+    assert_eq!(pop(&here, "q", "batch=10").await.status, 204);
+    ack_ok(&here, &w).await;
+    assert_eq!(waiting(&here), 1, "released with 3..4 left");
+    let rest = pop(&here, "q", "batch=10").await;
+    assert_eq!(ns(&rest), vec![3, 4]);
+    ack_ok(&here, &rest).await;
+    assert_eq!(pop(&here, "q", "batch=10").await.status, 204);
 }
