@@ -77,9 +77,10 @@ pub struct PopRequest<'a> {
     /// The broker's segment cache.
     pub cache: &'a SegmentCache,
     /// A long-poll's look that may come back empty while messages only the full pop finds
-    /// wait (the caller looks in full a moment later): when the one-statement pop finds
-    /// nothing, the full pop runs only if this broker has not run one for such a look of the
-    /// group within [`crate::storage::cache::WOKEN_FULL_POP_EVERY`].
+    /// wait (the caller looks in full a moment later): when no hand-off waits, or the
+    /// one-statement pop finds nothing, the lists and the full pop are read only if this
+    /// broker has not read them for such a look of the group within
+    /// [`crate::storage::cache::WOKEN_FULL_POP_EVERY`].
     pub woken: bool,
     /// Partitions this broker's acks released with messages left (tried first).
     pub handoffs: &'a Handoffs,
@@ -217,10 +218,23 @@ pub async fn pop(
         req.handoffs.enter(req.queue, req.group);
     }
     if req.partition.is_none() && !written_first {
+        // A long-poll's look with nothing handed off: the write or release that rang went to
+        // another pop. What only the lists hold (leases that ran out, other brokers' releases,
+        // writes whose notice named no id) is looked for at most every
+        // `WOKEN_FULL_POP_EVERY` per group, not by every such look.
+        let mut full_due = None;
+        if req.woken && req.handoffs.waiting(req.queue, req.group) == 0 {
+            if !req.cache.woken_full_pop_due(req.queue, req.group) {
+                return Ok(None);
+            }
+            full_due = Some(true);
+        }
         if let Some(popped) = pop_ready(conn, req).await? {
             return Ok(Some(popped));
         }
-        if req.woken && !req.cache.woken_full_pop_due(req.queue, req.group) {
+        if req.woken
+            && !full_due.unwrap_or_else(|| req.cache.woken_full_pop_due(req.queue, req.group))
+        {
             return Ok(None);
         }
     }
