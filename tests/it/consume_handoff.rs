@@ -5,12 +5,15 @@
 //! partition from where the ack left it; a hand-off another broker made stale claims nothing;
 //! a lease that ran out is served while hand-offs keep coming; a queue whose options the
 //! one-statement pop leaves to the full pop is not served through a hand-off; a partition
-//! written by this or another broker is offered to the groups that pop its queue here.
+//! written by this or another broker is offered to the groups that pop its queue here; a
+//! long-poll woken while nothing is handed off still gets a lease that ran out.
 
 use crate::support::consuming::*;
 use std::time::Duration;
 
-use crate::support::{eventually, fresh_db, spawn_app, Reply, TestApp, TestDb};
+use crate::support::{
+    eventually, fresh_db, spawn_app, spawn_app_with, test_settings, Reply, TestApp, TestDb,
+};
 use queen_broker::storage::consume::QUEUE_MODE;
 use queen_broker::storage::handoff::ONE_STATEMENT_EVERY;
 
@@ -176,4 +179,31 @@ async fn a_partition_written_by_any_broker_is_offered_to_the_groups_popping_here
     assert_eq!(ns(&rest), vec![3, 4]);
     ack_ok(&here, &rest).await;
     assert_eq!(pop(&here, "q", "batch=10").await.status, 204);
+}
+
+/// Woken looks with nothing handed off skip the lists (at most one reads them every
+/// `WOKEN_FULL_POP_EVERY`), and a long-poll's first look counts as woken; a lease that runs
+/// out rings nothing and is only in the lists, so the long-poll must still get it at its
+/// re-check.
+#[actix_web::test]
+async fn a_long_poll_woken_with_nothing_handed_off_still_gets_a_lease_that_ran_out() {
+    let db = fresh_db().await;
+    let app = spawn_app_with(test_settings(&db, &[("QUEEN_POP_RECHECK_MS", "200")])).await;
+    push_n(&app, "q", "p", 0, 1).await;
+    let leased = pop(&app, "q", "batch=10").await;
+    assert_eq!(ns(&leased), vec![0]);
+    let p = partition_id(&db, "p").await;
+
+    let waiting = async { pop(&app, "q", "batch=10&wait=true&timeout=10000").await };
+    let meanwhile = async {
+        db.exec(&format!(
+            "UPDATE queen.partition_consumers SET lease_expires_at = now() - interval '1 second'
+              WHERE partition_id = {p}"
+        ))
+        .await;
+    };
+    let (reply, ()) = futures_util::join!(waiting, meanwhile);
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    assert_eq!(messages(&reply)[0]["partition"], "p", "{:?}", reply.body);
+    assert_eq!(ns(&reply), vec![0], "redelivered after the lease ran out");
 }
