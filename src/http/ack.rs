@@ -19,9 +19,6 @@ async fn apply(state: &AppState, list: Vec<Ack>) -> Result<HttpResponse, ApiErro
             if let Some(applied) = state.ack_group.apply(plan.ack).await {
                 if applied.released {
                     state.cache.forget_lease(lease, partition);
-                    state
-                        .handoffs
-                        .released(&plan.queue, &list[0].group, partition_id);
                 }
                 if applied.left_behind {
                     // The release left messages behind: the next pop of the group here claims

@@ -320,28 +320,14 @@ async fn pop_from(
     if pop.deliveries.is_empty() {
         return Ok(None);
     }
-    Ok(Some(finish(req, queue, lease_id, pop.deliveries)))
+    Ok(Some(finish(req, &queue.name, lease_id, pop.deliveries)))
 }
 
 /// The answer of a pop that found messages; remembers the leased ranges for the acks.
-fn finish(
-    req: &PopRequest<'_>,
-    queue: &QueueInfo,
-    lease_id: Uuid,
-    deliveries: Vec<Delivery>,
-) -> Popped {
+fn finish(req: &PopRequest<'_>, queue: &str, lease_id: Uuid, deliveries: Vec<Delivery>) -> Popped {
     if !req.auto_ack {
-        let queue_name: Arc<str> = Arc::from(queue.name.as_str());
-        // As the claims take it: the queue's lease time, 60 s when it has none.
-        let secs = if queue.lease_secs > 0 {
-            queue.lease_secs
-        } else {
-            60
-        };
-        let lease = std::time::Duration::from_secs(u64::try_from(secs).unwrap_or(60));
+        let queue_name: Arc<str> = Arc::from(queue);
         for d in &deliveries {
-            req.handoffs
-                .leased(&queue.name, req.group, d.partition_id, lease);
             req.cache.remember_lease(
                 lease_id,
                 d.partition_uuid,
@@ -357,7 +343,7 @@ fn finish(
         }
     }
     Popped {
-        queue: queue.name.clone(),
+        queue: queue.to_string(),
         lease_id: (!req.auto_ack).then_some(lease_id),
         deliveries,
     }
@@ -492,7 +478,7 @@ async fn pop_ready(
         }
     }
     Ok(match queue {
-        Some(q) if !deliveries.is_empty() => Some(finish(req, &q, lease_id, deliveries)),
+        Some(q) if !deliveries.is_empty() => Some(finish(req, &q.name, lease_id, deliveries)),
         _ => None,
     })
 }

@@ -20,7 +20,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 /// Hand-offs kept per (queue, group) at most; a release or write beyond them is left to the
 /// one-statement pop's lists.
@@ -33,20 +32,12 @@ const MAX_GROUPS: usize = 4096;
 /// one-statement pop (which serves leases that ran out first).
 pub const ONE_STATEMENT_EVERY: usize = 8;
 
-/// Leases of a group this broker's pops hold, at most; beyond them the expired ones are
-/// dropped, then all (a lease not known here only costs a hand-off tried in vain).
-const MAX_LEASED: usize = 4096;
-
 #[derive(Debug, Default)]
 struct Waiting {
     /// Partition database ids, oldest offer first.
     list: VecDeque<i64>,
     /// Hand-offs taken since a pop of this queue and group last ran the one-statement pop.
     taken: usize,
-    /// Partitions a pop of this broker leased for the group, until when: a write to one of
-    /// them is not offered (a pop could not claim it; the ack that releases it with messages
-    /// left offers it then).
-    leased: HashMap<i64, Instant>,
 }
 
 impl Waiting {
@@ -129,47 +120,16 @@ impl Handoffs {
     }
 
     /// Offers the partition `partition_id` of `queue`, which a commit just wrote, to every
-    /// group that pops the queue on this broker (those in the book), unless a pop here leased
-    /// it for the group, it waits already or the group's list is full.
+    /// group that pops the queue on this broker (those in the book), unless it waits already
+    /// or the group's list is full.
     pub fn written(&self, queue: &str, partition_id: i64) {
-        let now = Instant::now();
         let mut by_queue = self.by_queue.lock().expect("hand-offs lock poisoned");
         for waiting in by_queue
             .get_mut(queue)
             .into_iter()
             .flat_map(|g| g.values_mut())
         {
-            if waiting
-                .leased
-                .get(&partition_id)
-                .is_none_or(|until| *until <= now)
-            {
-                waiting.add(partition_id);
-            }
-        }
-    }
-
-    /// A pop of this broker leased `partition_id` for `(queue, group)` for `lease` (kept for
-    /// pairs in the book: those that take hand-offs).
-    pub fn leased(&self, queue: &str, group: &str, partition_id: i64, lease: Duration) {
-        let now = Instant::now();
-        let mut by_queue = self.by_queue.lock().expect("hand-offs lock poisoned");
-        if let Some(waiting) = by_queue.get_mut(queue).and_then(|g| g.get_mut(group)) {
-            if waiting.leased.len() >= MAX_LEASED {
-                waiting.leased.retain(|_, until| *until > now);
-                if waiting.leased.len() >= MAX_LEASED {
-                    waiting.leased.clear();
-                }
-            }
-            waiting.leased.insert(partition_id, now + lease);
-        }
-    }
-
-    /// The lease of `(queue, group)` on `partition_id` ended (an ack released it).
-    pub fn released(&self, queue: &str, group: &str, partition_id: i64) {
-        let mut by_queue = self.by_queue.lock().expect("hand-offs lock poisoned");
-        if let Some(waiting) = by_queue.get_mut(queue).and_then(|g| g.get_mut(group)) {
-            waiting.leased.remove(&partition_id);
+            waiting.add(partition_id);
         }
     }
 
@@ -260,24 +220,5 @@ mod tests {
         assert_eq!(h.next("q", "g"), Some(7));
         assert_eq!(h.next("q", "h"), Some(5));
         assert_eq!(h.waiting("other", "g"), 0);
-    }
-
-    #[test]
-    fn a_write_to_a_partition_leased_here_is_offered_only_after_its_release_or_expiry() {
-        let h = Handoffs::default();
-        assert_eq!(h.next("q", "g"), None, "enters the group");
-        assert_eq!(h.next("q", "other"), None);
-        h.leased("q", "g", 1, Duration::from_secs(60));
-        h.leased("q", "g", 2, Duration::ZERO);
-        h.leased("q", "other", 3, Duration::from_secs(60));
-        h.written("q", 1);
-        h.written("q", 2);
-        h.written("q", 3);
-        assert_eq!(h.next("q", "g"), Some(2), "2's lease ran out: offered");
-        assert_eq!(h.next("q", "g"), Some(3), "leased by another group only");
-        assert_eq!(h.next("q", "g"), None, "1 is leased here");
-        h.released("q", "g", 1);
-        h.written("q", 1);
-        assert_eq!(h.next("q", "g"), Some(1));
     }
 }
