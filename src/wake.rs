@@ -213,7 +213,7 @@ impl WakeHub {
         }
     }
 
-    /// Applies a `queen_push` payload (see [`notify_payload`]): each written partition is
+    /// Applies a `queen_push` payload (see [`notify_payloads`]): each written partition is
     /// told to the written hook (when the payload names its id), then its pops are woken.
     pub fn apply_payload(&self, payload: &str) {
         if let Ok(written) = serde_json::from_str::<Vec<Written>>(payload) {
@@ -248,27 +248,32 @@ enum Written {
     Named(String, String),
 }
 
-/// The NOTIFY payload naming the partitions a commit wrote, with their database ids: a JSON
-/// array of `[queue, partition, id]` triples, or of queue names when that is too long, or `*`
-/// (wake everyone).
-pub fn notify_payload(written: &[(&PartitionKey, i64)]) -> String {
-    let triples: Vec<(&str, &str, i64)> = written
-        .iter()
-        .map(|(k, id)| (&*k.queue, &*k.partition, *id))
-        .collect();
-    let text = serde_json::to_string(&triples).expect("strings serialise");
-    if text.len() <= MAX_PAYLOAD {
-        return text;
+/// The NOTIFY payloads naming the partitions a commit wrote, with their database ids: JSON
+/// arrays of `[queue, partition, id]` triples, as many as it takes to keep each under
+/// PostgreSQL's limit, so every partition is named with its id however many one commit
+/// writes. (Brokers of earlier versions sent pairs, or queue names or `*` when long;
+/// [`WakeHub::apply_payload`] still reads those.)
+pub fn notify_payloads(written: &[(&PartitionKey, i64)]) -> Vec<String> {
+    let mut payloads = Vec::new();
+    let mut current = String::from("[");
+    for (key, id) in written {
+        let triple =
+            serde_json::to_string(&(&*key.queue, &*key.partition, id)).expect("strings serialise");
+        // Names are at most a few hundred bytes, so one triple always fits a payload.
+        if current.len() > 1 && current.len() + triple.len() + 2 > MAX_PAYLOAD {
+            current.push(']');
+            payloads.push(std::mem::replace(&mut current, String::from("[")));
+        }
+        if current.len() > 1 {
+            current.push(',');
+        }
+        current.push_str(&triple);
     }
-    let mut queues: Vec<&str> = triples.iter().map(|(q, _, _)| *q).collect();
-    queues.sort_unstable();
-    queues.dedup();
-    let text = serde_json::to_string(&queues).expect("strings serialise");
-    if text.len() <= MAX_PAYLOAD {
-        text
-    } else {
-        "*".into()
+    if current.len() > 1 {
+        current.push(']');
+        payloads.push(current);
     }
+    payloads
 }
 
 /// Stops the LISTEN thread when told to (or when dropped).
@@ -376,22 +381,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn payload_names_partitions_then_queues_then_everything() {
+    fn payloads_name_every_partition_with_its_id_each_under_the_limit() {
         let small = [PartitionKey::new("q", "p")];
         let refs: Vec<(&PartitionKey, i64)> = small.iter().map(|k| (k, 42)).collect();
-        assert_eq!(notify_payload(&refs), r#"[["q","p",42]]"#);
+        assert_eq!(
+            notify_payloads(&refs),
+            vec![r#"[["q","p",42]]"#.to_string()]
+        );
+        assert!(notify_payloads(&[]).is_empty());
 
+        let long = "x".repeat(255);
         let many: Vec<PartitionKey> = (0..1000)
-            .map(|n| PartitionKey::new("orders", &format!("partition-{n}")))
+            .map(|n| PartitionKey::new(&format!("orders-{long}"), &format!("p-{n}-{long}")))
             .collect();
         let refs: Vec<(&PartitionKey, i64)> = many.iter().zip(0..).collect();
-        assert_eq!(notify_payload(&refs), r#"["orders"]"#);
-
-        let huge: Vec<PartitionKey> = (0..1000)
-            .map(|n| PartitionKey::new(&format!("queue-{n}"), "p"))
-            .collect();
-        let refs: Vec<(&PartitionKey, i64)> = huge.iter().zip(0..).collect();
-        assert_eq!(notify_payload(&refs), "*");
+        let payloads = notify_payloads(&refs);
+        assert!(payloads.len() > 1);
+        let mut named = Vec::new();
+        for p in &payloads {
+            assert!(p.len() <= MAX_PAYLOAD, "{} bytes", p.len());
+            let triples: Vec<(String, String, i64)> = serde_json::from_str(p).expect("json");
+            named.extend(triples.into_iter().map(|(_, _, id)| id));
+        }
+        assert_eq!(named, (0..1000).collect::<Vec<i64>>());
     }
 
     #[tokio::test]

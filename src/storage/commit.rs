@@ -5,8 +5,9 @@
 //! (a separate statement *after* the lock, so it sees every key committed by the writer we
 //! waited for) · decide each item's verdict · one statement that moves `next_offset` (and the
 //! write marker `last_write_xid` the queue-level pop scans by), inserts the segments and the
-//! sidecar rows, and queues one `NOTIFY queen_push` naming the written partitions (delivered at
-//! COMMIT, so other brokers wake their long-polls) · COMMIT. Nothing is written for a duplicate.
+//! sidecar rows, and queues `NOTIFY queen_push` notices naming the written partitions with their
+//! ids (delivered at COMMIT, so every broker wakes its long-polls and hands the partitions to
+//! them) · COMMIT. Nothing is written for a duplicate.
 //!
 //! Two queue options act here, under the same locks:
 //! - `maxSize` (> 0): after the partition locks, the transaction takes an advisory lock per
@@ -714,8 +715,9 @@ async fn execute_write(
     let probe_hashes: Vec<i64> = probes.iter().map(|p| p.hash).collect();
     let probe_windows: Vec<i32> = probes.iter().map(|p| p.window_secs).collect();
     // The probe is a LATERAL subquery with OFFSET 0: one index probe per key, whatever plan is
-    // cached (it cannot be flattened into a join that scans the sidecar). The notification
-    // rides in the same statement; joining it into the UPDATE makes it run exactly once.
+    // cached (it cannot be flattened into a join that scans the sidecar). The notices ride in
+    // the same statement; joining their one-row count into the UPDATE makes them run exactly
+    // once, and only when something is written.
     sqlx::query_as(
         "WITH hits AS (
              SELECT x.partition_id, x.key_hash, d.msg_offset
@@ -732,9 +734,13 @@ async fn execute_write(
          ), go AS (
              SELECT NOT EXISTS (SELECT 1 FROM hits) AS ok
          ), notified AS (
-             SELECT pg_notify('queen_push', $10)
-               FROM go
-              WHERE go.ok AND cardinality($1::int8[]) > 0
+             -- One row when the notices were sent (all of them: the count reads every
+             -- row), none when nothing is written.
+             SELECT count(*) AS sent
+               FROM (SELECT pg_notify('queen_push', n)
+                       FROM go, unnest($10::text[]) AS n
+                      WHERE go.ok AND cardinality($1::int8[]) > 0) AS s
+             HAVING count(*) > 0
          ), moved AS (
              UPDATE queen.partitions p
                 SET next_offset = x.next_offset,
@@ -767,7 +773,7 @@ async fn execute_write(
     .bind(&plan.key_pids)
     .bind(&plan.key_hashes)
     .bind(&plan.key_offsets)
-    .bind(crate::wake::notify_payload(&plan.written))
+    .bind(crate::wake::notify_payloads(&plan.written))
     .bind(&probe_pids)
     .bind(&probe_hashes)
     .bind(&probe_windows)

@@ -207,3 +207,29 @@ async fn a_long_poll_woken_with_nothing_handed_off_still_gets_a_lease_that_ran_o
     assert_eq!(messages(&reply)[0]["partition"], "p", "{:?}", reply.body);
     assert_eq!(ns(&reply), vec![0], "redelivered after the lease ran out");
 }
+
+/// A commit that writes more partitions than one notice can name sends several, each under
+/// PostgreSQL's limit: every written partition still reaches the hand-offs with its id.
+#[actix_web::test]
+async fn a_commit_too_large_for_one_notice_still_offers_every_partition() {
+    let db = fresh_db().await;
+    let app = subscribed_with(&db, 1).await;
+    let first = pop(&app, "q", "batch=10").await;
+    assert_eq!(ns(&first), vec![0]);
+    ack_ok(&app, &first).await;
+    assert_eq!(waiting(&app), 0);
+
+    // 150 partitions with 200-character names: ≈ 35 kB of names, several notices.
+    let long = "n".repeat(196);
+    let items: Vec<serde_json::Value> = (0..150)
+        .map(|i| serde_json::json!({"queue": "q", "partition": format!("{i:03}-{long}"), "payload": {"n": i}}))
+        .collect();
+    let reply = app.push(serde_json::json!(items)).await;
+    assert_eq!(reply.status, 201, "{:?}", reply.body);
+    eventually(
+        Duration::from_secs(10),
+        "every partition offered",
+        || async { (waiting(&app) == 150).then_some(()) },
+    )
+    .await;
+}
