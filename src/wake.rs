@@ -248,30 +248,42 @@ enum Written {
     Named(String, String),
 }
 
-/// The NOTIFY payloads naming the partitions a commit wrote, with their database ids: JSON
-/// arrays of `[queue, partition, id]` triples, as many as it takes to keep each under
-/// PostgreSQL's limit, so every partition is named with its id however many one commit
-/// writes. (Brokers of earlier versions sent pairs, or queue names or `*` when long;
-/// [`WakeHub::apply_payload`] still reads those.)
+/// The NOTIFY payloads naming the partitions a commit wrote: a JSON array of `[queue,
+/// partition, id]` triples with as many as fit under PostgreSQL's limit, and when some do not
+/// fit, a second one with the names of their queues (or `*` when even those do not fit), which
+/// wakes those queues' pops without handing them a partition. One commit costs at most two
+/// notices however many partitions it writes; a queue-level pop holds at most a few hundred
+/// hand-offs anyway (`storage::handoff::MAX_PER_GROUP`). [`WakeHub::apply_payload`] also reads
+/// the pairs of brokers of earlier versions.
 pub fn notify_payloads(written: &[(&PartitionKey, i64)]) -> Vec<String> {
-    let mut payloads = Vec::new();
-    let mut current = String::from("[");
+    let mut named = String::from("[");
+    let mut rest: Vec<&str> = Vec::new();
     for (key, id) in written {
         let triple =
             serde_json::to_string(&(&*key.queue, &*key.partition, id)).expect("strings serialise");
-        // Names are at most a few hundred bytes, so one triple always fits a payload.
-        if current.len() > 1 && current.len() + triple.len() + 2 > MAX_PAYLOAD {
-            current.push(']');
-            payloads.push(std::mem::replace(&mut current, String::from("[")));
+        if rest.is_empty() && named.len() + triple.len() + 2 <= MAX_PAYLOAD {
+            if named.len() > 1 {
+                named.push(',');
+            }
+            named.push_str(&triple);
+        } else {
+            rest.push(&key.queue);
         }
-        if current.len() > 1 {
-            current.push(',');
-        }
-        current.push_str(&triple);
     }
-    if current.len() > 1 {
-        current.push(']');
-        payloads.push(current);
+    named.push(']');
+    let mut payloads = Vec::with_capacity(2);
+    if named.len() > 2 {
+        payloads.push(named);
+    }
+    if !rest.is_empty() {
+        rest.sort_unstable();
+        rest.dedup();
+        let queues = serde_json::to_string(&rest).expect("strings serialise");
+        payloads.push(if queues.len() <= MAX_PAYLOAD {
+            queues
+        } else {
+            "*".into()
+        });
     }
     payloads
 }
@@ -381,7 +393,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn payloads_name_every_partition_with_its_id_each_under_the_limit() {
+    fn payloads_name_partitions_with_ids_then_the_rest_by_queue_in_two_notices_at_most() {
         let small = [PartitionKey::new("q", "p")];
         let refs: Vec<(&PartitionKey, i64)> = small.iter().map(|k| (k, 42)).collect();
         assert_eq!(
@@ -390,20 +402,30 @@ mod tests {
         );
         assert!(notify_payloads(&[]).is_empty());
 
-        let long = "x".repeat(255);
         let many: Vec<PartitionKey> = (0..1000)
-            .map(|n| PartitionKey::new(&format!("orders-{long}"), &format!("p-{n}-{long}")))
+            .map(|n| PartitionKey::new(&format!("orders-{}", n % 2), &format!("partition-{n}")))
             .collect();
         let refs: Vec<(&PartitionKey, i64)> = many.iter().zip(0..).collect();
         let payloads = notify_payloads(&refs);
-        assert!(payloads.len() > 1);
-        let mut named = Vec::new();
-        for p in &payloads {
-            assert!(p.len() <= MAX_PAYLOAD, "{} bytes", p.len());
-            let triples: Vec<(String, String, i64)> = serde_json::from_str(p).expect("json");
-            named.extend(triples.into_iter().map(|(_, _, id)| id));
-        }
-        assert_eq!(named, (0..1000).collect::<Vec<i64>>());
+        assert_eq!(payloads.len(), 2);
+        assert!(
+            payloads[0].len() <= MAX_PAYLOAD,
+            "{} bytes",
+            payloads[0].len()
+        );
+        let triples: Vec<(String, String, i64)> = serde_json::from_str(&payloads[0]).unwrap();
+        let ids: Vec<i64> = triples.iter().map(|t| t.2).collect();
+        assert_eq!(ids, (0..triples.len() as i64).collect::<Vec<_>>());
+        assert!(triples.len() > 100 && triples.len() < 1000);
+        assert_eq!(payloads[1], r#"["orders-0","orders-1"]"#);
+
+        let huge: Vec<PartitionKey> = (0..3000)
+            .map(|n| PartitionKey::new(&format!("queue-{n:020}"), "p"))
+            .collect();
+        let refs: Vec<(&PartitionKey, i64)> = huge.iter().zip(0..).collect();
+        let payloads = notify_payloads(&refs);
+        assert_eq!(payloads.len(), 2);
+        assert_eq!(payloads[1], "*");
     }
 
     #[tokio::test]
