@@ -155,8 +155,12 @@ pub async fn transaction(
         transaction::apply(&mut conn, &state.cache, state.payload_key.as_ref(), &plan).await
     })
     .await?;
-    for key in &done.woken {
-        state.wake.wake(&key.queue, &key.partition);
+    // The commit's NOTIFY wakes this broker's pops through its own LISTEN (and hands the
+    // partitions off); only while that connection is down does the route wake them itself.
+    if !state.wake.listening() {
+        for key in &done.woken {
+            state.wake.wake(&key.queue, &key.partition);
+        }
     }
     let results: Vec<Value> = done.results.iter().map(|r| result_json(&plan, r)).collect();
     let id = Uuid::now_v7();

@@ -244,3 +244,55 @@ async fn malformed_transactions_are_400() {
         );
     }
 }
+
+/// A push inside a transaction wakes a waiting consumer through the commit's notice (and is
+/// handed to it), not only at the consumer's re-check (30 s here).
+#[actix_web::test]
+async fn a_push_in_a_transaction_wakes_a_waiting_consumer() {
+    let db = fresh_db().await;
+    let app = crate::support::spawn_app_with(crate::support::test_settings(
+        &db,
+        &[("QUEEN_POP_RECHECK_MS", "30000")],
+    ))
+    .await;
+    push_n(&app, "q", "p", 0, 1).await;
+    let first = pop(&app, "q", "").await;
+    ack_all(&app, &first, "completed", None).await;
+
+    let waiting = async {
+        let started = std::time::Instant::now();
+        let reply = pop(&app, "q", "wait=true&timeout=20000").await;
+        (reply, started.elapsed())
+    };
+    let pushing = async {
+        // Once the pop waits, the transaction pushes.
+        crate::support::eventually(
+            std::time::Duration::from_secs(10),
+            "the pop waits",
+            || async {
+                (app.broker
+                    .state
+                    .wake
+                    .waiting(&queen_broker::wake::WakeKey::Queue("q".into()))
+                    > 0)
+                .then_some(())
+            },
+        )
+        .await;
+        let r = app
+            .post(
+                "/api/v1/transaction",
+                &json!({"operations": [
+                    { "type": "push", "items": [{ "queue": "q", "partition": "t", "payload": {"n": 1} }] }
+                ]}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+    };
+    let ((reply, took), ()) = futures_util::join!(waiting, pushing);
+    assert_eq!(ns(&reply), vec![1], "{:?}", reply.body);
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "woken after {took:?}"
+    );
+}
