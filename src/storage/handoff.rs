@@ -4,9 +4,11 @@
 //! wrote, for every group that pops the queue here.
 //!
 //! Under a steady load almost every ack ends its lease with more messages waiting in the
-//! partition, and under a live load every commit writes partitions a consumer is waiting for. The one-statement pop ([`crate::storage::consume::READY_SQL`]) would find that
-//! partition again through the "released" list, but it is a large statement: three candidate
-//! lists, a sort and a row lock each, initialised on every call. A pop that knows which
+//! partition, and under a live load every commit writes partitions a consumer waits for. The
+//! one-statement pop ([`crate::storage::consume::READY_SQL`]) would find those partitions
+//! through its lists, but it is a large statement (three candidate lists, a sort and a row
+//! lock each, initialised on every call), and under a live load it mostly came back empty: the
+//! partition that rang had been taken by the pop woken before. A pop that knows which
 //! partition to take claims it by primary key instead ([`crate::storage::consume`]'s hand-off
 //! claim), a statement half the size that reads one row.
 //!
@@ -15,8 +17,9 @@
 //! (another pop or broker took the partition meanwhile) claims nothing and the pop moves on.
 //! The lists the one-statement pop reads (leases that ran out, partitions written since the
 //! watermark, releases by other brokers) still get their turn: a pop runs the one-statement
-//! pop whenever no hand-off waits, and at least every [`ONE_STATEMENT_EVERY`]-th pop of a queue
-//! and group on this broker even when some do.
+//! pop whenever no hand-off waits (a long-poll's look, at most every
+//! [`crate::storage::cache::WOKEN_FULL_POP_EVERY`] per group), and at least every
+//! [`ONE_STATEMENT_EVERY`]-th pop of a queue and group on this broker even when some do.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
