@@ -2,7 +2,7 @@
 //! a push makes something visible.
 //!
 //! Two sources ring the same [`WakeHub`]: the push handler of this broker (right after its
-//! `queued` verdicts) and [`listen_loop`], which LISTENs on `queen_push` on a connection of its
+//! `queued` verdicts) and `listen_loop`, which LISTENs on `queen_push` on a connection of its
 //! own and relays what other brokers' commits announce (every commit sends one NOTIFY naming its
 //! partitions, see `storage::commit`). A wake-up is only a hint: the woken pop re-reads
 //! PostgreSQL, so a spurious or lost wake-up costs latency, never correctness. This module never

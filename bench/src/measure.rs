@@ -120,7 +120,7 @@ pub fn median(values: &[f64]) -> f64 {
     }
 }
 
-/// Fields of /proc/<pid>/stat that matter here, in clock ticks.
+/// Fields of `/proc/<pid>/stat` that matter here, in clock ticks.
 struct ProcStat {
     ppid: u32,
     own: u64,

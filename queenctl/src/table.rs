@@ -7,7 +7,7 @@ pub fn print(headers: &[&str], rows: &[Vec<String>]) {
     print!("{}", render(headers, rows));
 }
 
-/// The text [`print`] writes.
+/// The text [`print()`] writes.
 pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {

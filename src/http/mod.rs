@@ -1,6 +1,6 @@
 //! The HTTP routes (Queen's wire protocol, `../shared/reference/queen-http-api.md`).
 //!
-//! [`routes`] is the table of every route with its capability; [`configure`] registers exactly
+//! [`routes`] is the table of every route with its capability; [`configure()`] registers exactly
 //! those, so a route cannot exist without an access decision. The auth gate
 //! ([`gate`]) reads the same table for every request: a route added here is checked
 //! with no other change, and with auth on a path missing from the table is never served.

@@ -337,7 +337,7 @@ impl SegmentCache {
     /// Records the transaction ids `lease` handed out on `partition`, `(offset, id)` in
     /// delivery order (a remembered lease; nothing when the cache is off, or when two messages
     /// share an id, see [`LeaseTxns::new`]). The oldest leases lose theirs past
-    /// [`LEASE_IDS_BYTES`].
+    /// `LEASE_IDS_BYTES`.
     pub fn index_lease<'a>(
         &self,
         lease: uuid::Uuid,
