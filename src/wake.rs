@@ -1,12 +1,12 @@
 //! Long-poll wake-ups: pops waiting for messages, keyed by queue and partition, woken the moment
 //! a push makes something visible.
 //!
-//! Two sources ring the same [`WakeHub`]: the push handler of this broker (right after its
-//! `queued` verdicts) and `listen_loop`, which LISTENs on `queen_push` on a connection of its
-//! own and relays what other brokers' commits announce (every commit sends one NOTIFY naming its
-//! partitions, see `storage::commit`). A wake-up is only a hint: the woken pop re-reads
-//! PostgreSQL, so a spurious or lost wake-up costs latency, never correctness. This module never
-//! decides what a consumer gets.
+//! Two sources ring the same [`WakeHub`]: the push handler of this broker (right after its `queued`
+//! verdicts) and `listen_loop`, which LISTENs on `queen_push` on a connection of its own and relays
+//! what other brokers' commits announce (every commit sends a NOTIFY naming its partitions, and a
+//! second when they do not all fit, see `storage::commit`). A wake-up is only a hint: the woken pop
+//! re-reads PostgreSQL, so a spurious or lost wake-up costs latency, never correctness. This module
+//! never decides what a consumer gets.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -218,15 +218,13 @@ impl WakeHub {
     pub fn apply_payload(&self, payload: &str) {
         if let Ok(written) = serde_json::from_str::<Vec<Written>>(payload) {
             for w in written {
-                let (queue, partition) = match w {
-                    Written::WithId(queue, partition, id) => {
-                        if let Some(hook) = self.written.get() {
-                            hook(&queue, id);
-                        }
-                        (queue, partition)
-                    }
-                    Written::Named(queue, partition) => (queue, partition),
+                let (queue, partition, id) = match w {
+                    Written::WithId(queue, partition, id) => (queue, partition, Some(id)),
+                    Written::Named(queue, partition) => (queue, partition, None),
                 };
+                if let (Some(id), Some(hook)) = (id, self.written.get()) {
+                    hook(&queue, id);
+                }
                 self.wake(&queue, &partition);
             }
         } else if let Ok(queues) = serde_json::from_str::<Vec<String>>(payload) {

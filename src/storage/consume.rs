@@ -222,19 +222,15 @@ pub async fn pop(
         // another pop. What only the lists hold (leases that ran out, other brokers' releases,
         // writes whose notice named no id) is looked for at most every
         // `WOKEN_FULL_POP_EVERY` per group, not by every such look.
-        let mut full_due = None;
-        if req.woken && req.handoffs.waiting(req.queue, req.group) == 0 {
-            if !req.cache.woken_full_pop_due(req.queue, req.group) {
-                return Ok(None);
-            }
-            full_due = Some(true);
+        // Such a look that got past this reads the full pop too, if the lists find nothing.
+        let nothing_handed_off = req.woken && req.handoffs.waiting(req.queue, req.group) == 0;
+        if nothing_handed_off && !req.cache.woken_full_pop_due(req.queue, req.group) {
+            return Ok(None);
         }
         if let Some(popped) = pop_ready(conn, req).await? {
             return Ok(Some(popped));
         }
-        if req.woken
-            && !full_due.unwrap_or_else(|| req.cache.woken_full_pop_due(req.queue, req.group))
-        {
+        if req.woken && !nothing_handed_off && !req.cache.woken_full_pop_due(req.queue, req.group) {
             return Ok(None);
         }
     }
