@@ -34,6 +34,9 @@ use crate::wake::{self, WakeHub};
 /// docs/benchmarks.md).
 const ACK_WORKERS: usize = 1;
 
+/// Workers running the grouped hand-off claims of the pops (`storage::claim_group`).
+const CLAIM_WORKERS: usize = 2;
+
 /// Kept here for the tests that read it through `app` (it lives in [`crate::state`]).
 pub use crate::state::inflight_bytes;
 
@@ -202,6 +205,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     let options = primary.options();
     let pool = storage::pool(&primary, &settings);
     let lease_pool = storage::lease_pool(&primary, &settings);
+    let claim_pool = storage::claim_pool(&primary, &settings, CLAIM_WORKERS);
     let admin_pool = storage::admin_pool(&primary, &settings);
     match tokio::time::timeout(settings.connect_timeout * 2, storage::migrate(&pool)).await {
         Ok(Ok(())) => {}
@@ -341,6 +345,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     );
 
     let pool_for_acks = pool.clone();
+    let broker_id = format!("broker-{}", uuid::Uuid::new_v4().simple());
     let state = web::Data::new(AppState {
         registry,
         pool,
@@ -353,12 +358,13 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         spool,
         flags,
         wake: hub,
-        broker_id: format!("broker-{}", uuid::Uuid::new_v4().simple()),
+        broker_id: broker_id.clone(),
         cache,
         metrics,
         payload_key,
         handoffs,
         ack_group: storage::ack_group::AckGroup::start(pool_for_acks, ACK_WORKERS),
+        claims: storage::claim_group::ClaimGroup::start(claim_pool, broker_id, CLAIM_WORKERS),
         primary: primary.clone(),
     });
     let data = state.clone();

@@ -17,6 +17,7 @@ use crate::metrics::Metrics;
 use crate::settings::Settings;
 use crate::storage::ack_group::AckGroup;
 use crate::storage::cache::SegmentCache;
+use crate::storage::claim_group::ClaimGroup;
 use crate::storage::crypto::PayloadKey;
 use crate::storage::handoff::Handoffs;
 use crate::storage::hosts::Primary;
@@ -97,6 +98,8 @@ pub struct AppState {
     pub handoffs: Arc<Handoffs>,
     /// Fast acks grouped into shared commits (`storage::ack_group`).
     pub ack_group: AckGroup,
+    /// Hand-off claims of the pops, grouped into shared statements.
+    pub claims: ClaimGroup,
     /// The database hosts and which one is the primary now (`storage::hosts`).
     pub primary: Arc<Primary>,
 }

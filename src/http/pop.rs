@@ -201,6 +201,7 @@ async fn serve(
                 cache: &state.cache,
                 woken,
                 handoffs: &state.handoffs,
+                claims: &state.claims,
             };
             match &source {
                 Source::Matching(ns, task) => {

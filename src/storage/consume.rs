@@ -24,6 +24,7 @@ use uuid::Uuid;
 use std::sync::Arc;
 
 use crate::storage::cache::{CachedSegment, LeasedRange, SegmentCache};
+use crate::storage::claim_group::{ClaimGroup, ClaimJob};
 use crate::storage::error::StorageError;
 use crate::storage::frames::{self, Frame, FrameError};
 use crate::storage::handoff::Handoffs;
@@ -84,6 +85,8 @@ pub struct PopRequest<'a> {
     pub woken: bool,
     /// Partitions this broker's acks released with messages left (tried first).
     pub handoffs: &'a Handoffs,
+    /// Where hand-off claims are run, grouped with those of concurrent pops.
+    pub claims: &'a ClaimGroup,
 }
 
 /// Messages handed out from one partition: offsets `first_offset .. first_offset + count`.
@@ -379,33 +382,38 @@ async fn pop_ready(
         if handoff.is_none() && ready_empty {
             break;
         }
-        // A hand-off names its partition: only that one's held run is sent.
-        let one_held;
-        let (sql, held) = match handoff {
+        let rows: Vec<ReadyRow> = match handoff {
             Some(partition_id) => {
                 handoffs_tried += 1;
-                one_held = HeldRuns::from(req.cache.held_run(partition_id).into_iter());
-                (HANDOFF_SQL, &one_held)
+                // A hand-off names its partition: only that one's held run is sent.
+                let held = req.cache.held_run(partition_id);
+                let job = ClaimJob {
+                    queue: req.queue.to_string(),
+                    group: req.group.to_string(),
+                    lease: lease_id,
+                    want: remaining as i64,
+                    partition_id,
+                    held: held.map(|(_, from, to)| (from, to)),
+                };
+                match req.claims.claim(job).await {
+                    Some(rows) => rows,
+                    None => {
+                        let held = HeldRuns::from(held.into_iter());
+                        ready_statement(HANDOFF_SQL, req, lease_id, remaining, &held)
+                            .bind(partition_id)
+                            .fetch_all(&mut *conn)
+                            .await?
+                    }
+                }
             }
-            None => (
-                READY_SQL,
-                &*all_held
-                    .get_or_insert_with(|| req.cache.held_runs(HELD_PARTITIONS).into_iter().into()),
-            ),
+            None => {
+                let held = all_held
+                    .get_or_insert_with(|| req.cache.held_runs(HELD_PARTITIONS).into_iter().into());
+                ready_statement(READY_SQL, req, lease_id, remaining, held)
+                    .fetch_all(&mut *conn)
+                    .await?
+            }
         };
-        let mut statement = sqlx::query_as(sql)
-            .bind(req.queue)
-            .bind(req.group)
-            .bind(lease_id)
-            .bind(req.owner)
-            .bind(remaining as i64)
-            .bind(&held.pids)
-            .bind(&held.from)
-            .bind(&held.to);
-        if let Some(partition_id) = handoff {
-            statement = statement.bind(partition_id);
-        }
-        let rows: Vec<ReadyRow> = statement.fetch_all(&mut *conn).await?;
         let Some(head) = rows.first() else {
             // A hand-off taken meanwhile or with nothing left: the next one, or the lists.
             // The lists empty: a hand-off, if one waits.
@@ -477,6 +485,26 @@ async fn pop_ready(
         Some(q) if !deliveries.is_empty() => Some(finish(req, &q.name, lease_id, deliveries)),
         _ => None,
     })
+}
+
+/// [`READY_SQL`] or [`HANDOFF_SQL`] with the parameters `$1`..`$8` both take (the hand-off
+/// claim binds its partition as `$9` after them).
+fn ready_statement<'q>(
+    sql: &'q str,
+    req: &'q PopRequest<'_>,
+    lease_id: Uuid,
+    remaining: usize,
+    held: &'q HeldRuns,
+) -> sqlx::query::QueryAs<'q, sqlx::Postgres, ReadyRow, sqlx::postgres::PgArguments> {
+    sqlx::query_as(sql)
+        .bind(req.queue)
+        .bind(req.group)
+        .bind(lease_id)
+        .bind(req.owner)
+        .bind(remaining as i64)
+        .bind(&held.pids)
+        .bind(&held.from)
+        .bind(&held.to)
 }
 
 /// The columns of [`Candidate`], joined for the group in `$2`; callers add WHERE/ORDER.
@@ -780,9 +808,10 @@ target AS (
     one_statement_claim!()
 );
 
-/// One row of [`READY_SQL`].
+/// One row of [`READY_SQL`] and [`HANDOFF_SQL`] (and of the grouped hand-off claim,
+/// [`crate::storage::claim_group`]).
 #[derive(sqlx::FromRow)]
-struct ReadyRow {
+pub struct ReadyRow {
     queue_id: i64,
     lease_time: i32,
     db_now: DateTime<Utc>,

@@ -25,6 +25,7 @@
 pub mod ack_group;
 pub mod acks;
 pub mod cache;
+pub mod claim_group;
 pub mod commit;
 pub mod consume;
 pub mod crypto;
@@ -127,6 +128,21 @@ pub fn lease_pool(primary: &Arc<Primary>, settings: &Settings) -> PgPool {
         pool_options(primary)
             .test_before_acquire(false)
             .max_connections(settings.db_pool_size)
+            .acquire_timeout(settings.connect_timeout.max(Duration::from_millis(500)))
+            .connect_lazy_with(options),
+    )
+}
+
+/// The pool of the grouped hand-off claims ([`claim_group`]): `workers` connections with
+/// asynchronous commit, like the lease pool's, but apart from it (pops hold lease-pool
+/// connections while their claims wait for a worker).
+pub fn claim_pool(primary: &Arc<Primary>, settings: &Settings, workers: usize) -> PgPool {
+    let options = primary.options().options([("synchronous_commit", "off")]);
+    tracked(
+        primary,
+        pool_options(primary)
+            .test_before_acquire(false)
+            .max_connections(u32::try_from(workers.max(1)).unwrap_or(1))
             .acquire_timeout(settings.connect_timeout.max(Duration::from_millis(500)))
             .connect_lazy_with(options),
     )

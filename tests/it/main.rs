@@ -12,6 +12,7 @@ mod auth_keys;
 mod auth_matrix;
 mod auth_producer_sub;
 mod chaos;
+mod claim_group;
 mod codec_props;
 mod configure_contract;
 mod consume_cache;
