@@ -166,9 +166,13 @@ async fn serve(
         Source::Matching(..) => WakeKey::Any,
     };
     let waiter = state.wake.subscribe(key.clone());
-    // A long-poll's first look counts as woken too: if it finds nothing it waits anyway, and
-    // the look after a short wait is a full one.
-    let mut woken = params.wait;
+    // Every look of a long-poll counts as woken, its first and the re-check after a wake-up
+    // included: if it finds nothing it waits anyway, and what only the lists and the full pop
+    // find is looked for by one such look of the group every `WOKEN_FULL_POP_EVERY` on this
+    // broker, not by every waiting consumer in turn.
+    let woken = params.wait;
+    // Whether the last wait ran out (the look after it was the re-check).
+    let mut rechecked = false;
     loop {
         // Enabled before PostgreSQL is read, so a push committing in between still wakes us.
         let notified = waiter.notify().notified();
@@ -243,16 +247,17 @@ async fn serve(
             return Ok(HttpResponse::NoContent().finish());
         }
         // Lease expiry and delayed messages make messages available without a push. A woken
-        // look may have skipped the full pop (see `PopRequest::woken`): unless another wake-up
-        // comes first, the next look is a full one, a moment later.
-        let recheck = if woken {
+        // look may have skipped the full pop (see `PopRequest::woken`): unless a wake-up comes
+        // first, the next look is a moment later; after that re-check (which ran the full pop,
+        // or another look of the group just had), the next is `pop_recheck` later.
+        let recheck = if woken && !rechecked {
             state.settings.pop_recheck.min(2 * WOKEN_FULL_POP_EVERY)
         } else {
             state.settings.pop_recheck
         };
-        woken = tokio::time::timeout((deadline - now).min(recheck), notified)
+        rechecked = tokio::time::timeout((deadline - now).min(recheck), notified)
             .await
-            .is_ok();
+            .is_err();
     }
 }
 
