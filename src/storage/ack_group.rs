@@ -22,6 +22,13 @@ use tokio::sync::{mpsc, oneshot, Mutex};
 use uuid::Uuid;
 
 use crate::storage::acks::FastAck;
+use crate::storage::grouping::{next_group, one_per_row, Job, Queue, RowKey};
+
+impl RowKey for FastAck {
+    fn row(&self) -> (i64, &str) {
+        (self.partition_id, &self.group)
+    }
+}
 
 /// Plans applied by one statement at most.
 const MAX_GROUP: usize = 256;
@@ -35,10 +42,6 @@ pub struct Applied {
     /// attention): a waiting consumer may take them at once.
     pub left_behind: bool,
 }
-
-/// What a waiting request gets back: `Some` when its plan was applied, `None` when it must take
-/// the general path.
-type Reply = oneshot::Sender<Option<Applied>>;
 
 /// The grouped statement. The plans arrive sorted by (partition, group), so the rows are
 /// locked in the order every ack transaction uses.
@@ -74,7 +77,9 @@ RETURNING a.n, a.end_ >= a.to_, a.end_ >= a.to_ AND c.attention_at IS NOT NULL";
 /// The handle the ack routes use; cheap to clone.
 #[derive(Clone)]
 pub struct AckGroup {
-    jobs: mpsc::UnboundedSender<(FastAck, Reply)>,
+    /// A request gets back `Some` when its plan was applied, `None` when it must take the
+    /// general path.
+    jobs: mpsc::UnboundedSender<Job<FastAck, Option<Applied>>>,
 }
 
 impl AckGroup {
@@ -100,44 +105,16 @@ impl AckGroup {
 }
 
 /// One worker: takes the first waiting plan and every other one waiting with it, applies them.
-async fn work(pool: PgPool, queue: Arc<Mutex<mpsc::UnboundedReceiver<(FastAck, Reply)>>>) {
-    loop {
-        let mut group = Vec::new();
-        {
-            let mut queue = queue.lock().await;
-            match queue.recv().await {
-                Some(job) => group.push(job),
-                None => return,
-            }
-            while group.len() < MAX_GROUP {
-                match queue.try_recv() {
-                    Ok(job) => group.push(job),
-                    Err(_) => break,
-                }
-            }
-        }
+async fn work(pool: PgPool, queue: Queue<FastAck, Option<Applied>>) {
+    while let Some(group) = next_group(&queue, MAX_GROUP).await {
         apply_group(&pool, group).await;
     }
 }
 
-/// Applies one group and answers every plan in it.
-async fn apply_group(pool: &PgPool, mut group: Vec<(FastAck, Reply)>) {
-    group.sort_by(|(a, _), (b, _)| (a.partition_id, &a.group).cmp(&(b.partition_id, &b.group)));
-    let mut plans: Vec<FastAck> = Vec::with_capacity(group.len());
-    let mut waiting = Vec::with_capacity(group.len());
-    for (ack, reply) in group {
-        // Sorted, so a second plan for the same row follows the first: the general path
-        // decides it.
-        if plans
-            .last()
-            .is_some_and(|p| p.partition_id == ack.partition_id && p.group == ack.group)
-        {
-            let _ = reply.send(None);
-        } else {
-            plans.push(ack);
-            waiting.push(reply);
-        }
-    }
+/// Applies one group and answers every plan in it. A second plan for a row already in the group
+/// takes the general path, which decides it.
+async fn apply_group(pool: &PgPool, group: Vec<Job<FastAck, Option<Applied>>>) {
+    let (plans, waiting) = one_per_row(group, || None);
     let applied = match run(pool, &plans).await {
         Ok(applied) => applied,
         Err(e) => {

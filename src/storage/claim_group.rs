@@ -27,7 +27,14 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, Mutex};
 use uuid::Uuid;
 
-use crate::storage::consume::ReadyRow;
+use crate::storage::consume::{claimed_deleted, claimed_segments, ReadyRow};
+use crate::storage::grouping::{next_group, one_per_row, Job, Queue, RowKey};
+
+impl RowKey for ClaimJob {
+    fn row(&self) -> (i64, &str) {
+        (self.partition_id, &self.group)
+    }
+}
 
 /// Claims run by one statement at most.
 const MAX_GROUP: usize = 64;
@@ -53,13 +60,14 @@ pub struct ClaimJob {
 
 /// What a waiting pop gets back: the claim's rows (none: nothing claimed), or `None` when the
 /// group's statement failed and the pop must run its claim itself.
-type Reply = oneshot::Sender<Option<Vec<ReadyRow>>>;
+type Reply = Option<Vec<ReadyRow>>;
 
 /// The grouped hand-off claim: [`crate::storage::consume::HANDOFF_SQL`] for every claim of the
 /// arrays `$1`..`$7` at once (queue, group, lease, most messages, partition, first and last
 /// held base), lease owner `$8`. Its rows are those of the single statement, each with `n`, the
 /// 1-based position of its claim, ordered by claim then segment.
-const GROUP_SQL: &str = "
+const GROUP_SQL: &str = concat!(
+    "
 WITH j AS (
     SELECT *
       FROM unnest($1::text[], $2::text[], $3::uuid[], $4::int8[], $5::int8[], $6::int8[],
@@ -100,29 +108,18 @@ WITH j AS (
 SELECT claim.n, claim.queue_id, claim.lease_time, now() AS db_now,
        claim.partition_id, claim.uuid, claim.name, claim.committed_offset,
        claim.batch_retry_count, claim.next_offset,
-       (SELECT array_agg(d.msg_offset ORDER BY d.msg_offset)
-          FROM queen.deleted_messages d
-         WHERE d.partition_id = claim.partition_id
-           AND d.msg_offset >= claim.committed_offset
-           AND d.msg_offset < claim.leased_to) AS deleted,
+",
+    claimed_deleted!(),
+    "
        s.base_offset, s.msg_count,
        CASE WHEN s.base_offset BETWEEN j.held_from AND j.held_to
             THEN NULL ELSE s.frames END AS frames
   FROM claim
-  JOIN j ON j.n = claim.n
-  LEFT JOIN LATERAL (
-        SELECT sg.base_offset, sg.msg_count, sg.frames
-          FROM queen.segments sg
-         WHERE sg.partition_id = claim.partition_id
-           AND sg.base_offset < claim.leased_to
-           AND sg.base_offset >= COALESCE((SELECT max(x.base_offset)
-                                             FROM queen.segments x
-                                            WHERE x.partition_id = claim.partition_id
-                                              AND x.base_offset <= claim.committed_offset),
-                                          claim.committed_offset)
-         ORDER BY sg.base_offset
-       ) s ON true
- ORDER BY claim.n, s.base_offset";
+  JOIN j ON j.n = claim.n",
+    claimed_segments!(),
+    "
+ ORDER BY claim.n, s.base_offset"
+);
 
 /// One row of [`GROUP_SQL`]: a row of the single statement and the position of its claim.
 #[derive(sqlx::FromRow)]
@@ -135,7 +132,7 @@ struct GroupRow {
 /// The handle the pops use; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct ClaimGroup {
-    jobs: mpsc::UnboundedSender<(ClaimJob, Reply)>,
+    jobs: mpsc::UnboundedSender<Job<ClaimJob, Reply>>,
 }
 
 impl ClaimGroup {
@@ -163,47 +160,16 @@ impl ClaimGroup {
 }
 
 /// One worker: takes the first waiting claim and every other one waiting with it, runs them.
-async fn work(
-    pool: PgPool,
-    owner: Arc<str>,
-    queue: Arc<Mutex<mpsc::UnboundedReceiver<(ClaimJob, Reply)>>>,
-) {
-    loop {
-        let mut group = Vec::new();
-        {
-            let mut queue = queue.lock().await;
-            match queue.recv().await {
-                Some(job) => group.push(job),
-                None => return,
-            }
-            while group.len() < MAX_GROUP {
-                match queue.try_recv() {
-                    Ok(job) => group.push(job),
-                    Err(_) => break,
-                }
-            }
-        }
+async fn work(pool: PgPool, owner: Arc<str>, queue: Queue<ClaimJob, Reply>) {
+    while let Some(group) = next_group(&queue, MAX_GROUP).await {
         run_group(&pool, &owner, group).await;
     }
 }
 
-/// Runs one group and answers every claim in it.
-async fn run_group(pool: &PgPool, owner: &str, mut group: Vec<(ClaimJob, Reply)>) {
-    group.sort_by(|(a, _), (b, _)| (a.partition_id, &a.group).cmp(&(b.partition_id, &b.group)));
-    let mut jobs: Vec<ClaimJob> = Vec::with_capacity(group.len());
-    let mut waiting = Vec::with_capacity(group.len());
-    for (job, reply) in group {
-        // Sorted, so a second claim of the same row follows the first: it claims nothing.
-        if jobs
-            .last()
-            .is_some_and(|j| j.partition_id == job.partition_id && j.group == job.group)
-        {
-            let _ = reply.send(Some(Vec::new()));
-        } else {
-            jobs.push(job);
-            waiting.push(reply);
-        }
-    }
+/// Runs one group and answers every claim in it. A second claim of a row already in the group
+/// claims nothing.
+async fn run_group(pool: &PgPool, owner: &str, group: Vec<Job<ClaimJob, Reply>>) {
+    let (jobs, waiting) = one_per_row(group, || Some(Vec::new()));
     match run(pool, owner, &jobs).await {
         Ok(rows) => {
             for (reply, rows) in waiting.into_iter().zip(rows) {

@@ -650,12 +650,48 @@ WITH q AS (
     };
 }
 
+/// The offsets of deleted messages in the range `claim` (a CTE with `partition_id`,
+/// `committed_offset` and `leased_to`) just leased, as the select-list item `deleted`.
+macro_rules! claimed_deleted {
+    () => {
+        "
+       (SELECT array_agg(d.msg_offset ORDER BY d.msg_offset)
+          FROM queen.deleted_messages d
+         WHERE d.partition_id = claim.partition_id
+           AND d.msg_offset >= claim.committed_offset
+           AND d.msg_offset < claim.leased_to) AS deleted,"
+    };
+}
+pub(crate) use claimed_deleted;
+
+/// The segments covering the range `claim` just leased (from the one holding its committed
+/// offset), in offset order, as `s` joined to each claimed row (NULL columns when none).
+macro_rules! claimed_segments {
+    () => {
+        "
+  LEFT JOIN LATERAL (
+        SELECT sg.base_offset, sg.msg_count, sg.frames
+          FROM queen.segments sg
+         WHERE sg.partition_id = claim.partition_id
+           AND sg.base_offset < claim.leased_to
+           AND sg.base_offset >= COALESCE((SELECT max(x.base_offset)
+                                             FROM queen.segments x
+                                            WHERE x.partition_id = claim.partition_id
+                                              AND x.base_offset <= claim.committed_offset),
+                                          claim.committed_offset)
+         ORDER BY sg.base_offset
+       ) s ON true"
+    };
+}
+pub(crate) use claimed_segments;
+
 /// The end both one-statement pops share: claim the `target` row (lease `$3` for owner `$4`,
 /// range `committed .. committed + $5` capped at the partition's end) and return the covering
 /// segments, without the frames of those in the held runs `$6`/`$7`/`$8`.
 macro_rules! one_statement_claim {
     () => {
-        "),
+        concat!(
+            "),
 claim AS (
     UPDATE queen.partition_consumers c
        SET lease_id = $3,
@@ -678,31 +714,20 @@ claim AS (
 SELECT q.id AS queue_id, q.lease_time, now() AS db_now,
        claim.partition_id, claim.uuid, claim.name, claim.committed_offset,
        claim.batch_retry_count, claim.next_offset,
-       (SELECT array_agg(d.msg_offset ORDER BY d.msg_offset)
-          FROM queen.deleted_messages d
-         WHERE d.partition_id = claim.partition_id
-           AND d.msg_offset >= claim.committed_offset
-           AND d.msg_offset < claim.leased_to) AS deleted,
+",
+            claimed_deleted!(),
+            "
        s.base_offset, s.msg_count,
        CASE WHEN s.base_offset
                  BETWEEN ($7::int8[])[array_position($6::int8[], claim.partition_id)]
                      AND ($8::int8[])[array_position($6::int8[], claim.partition_id)]
             THEN NULL ELSE s.frames END AS frames
   FROM claim
- CROSS JOIN q
-  LEFT JOIN LATERAL (
-        SELECT sg.base_offset, sg.msg_count, sg.frames
-          FROM queen.segments sg
-         WHERE sg.partition_id = claim.partition_id
-           AND sg.base_offset < claim.leased_to
-           AND sg.base_offset >= COALESCE((SELECT max(x.base_offset)
-                                             FROM queen.segments x
-                                            WHERE x.partition_id = claim.partition_id
-                                              AND x.base_offset <= claim.committed_offset),
-                                          claim.committed_offset)
-         ORDER BY sg.base_offset
-       ) s ON true
+ CROSS JOIN q",
+            claimed_segments!(),
+            "
  ORDER BY s.base_offset"
+        )
     };
 }
 

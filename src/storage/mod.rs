@@ -33,6 +33,7 @@ pub mod dedup;
 pub mod dlq;
 pub mod error;
 pub mod frames;
+pub mod grouping;
 pub mod groups;
 pub mod handoff;
 pub mod hosts;
