@@ -5,7 +5,7 @@
 //! so under load most pops are one such claim each: a statement whose executor start-up, plan
 //! lookup, protocol round trip and commit cost more than the row it updates. Here a worker
 //! (`CLAIM_WORKERS` in `app.rs`) takes every claim that is waiting when it is free and runs
-//! them all as **one** statement ([`GROUP_SQL`]): under load one start-up and one commit serve
+//! them all as **one** statement (`GROUP_SQL`): under load one start-up and one commit serve
 //! several pops, and a lone claim waits for nothing (a free worker takes it at once).
 //!
 //! Each claim in the group is decided exactly as the single statement decides it: the
