@@ -56,6 +56,10 @@ pub struct Gauges {
     pub lease_pool_size: u32,
     /// Idle connections of the leasing pops' pool.
     pub lease_pool_idle: usize,
+    /// Connections of the grouped hand-off claims' pool.
+    pub claim_pool_size: u32,
+    /// Idle connections of the grouped hand-off claims' pool.
+    pub claim_pool_idle: usize,
     /// Items in the spool not yet replayed.
     pub spool_records: u64,
     /// Bytes of spool files.
@@ -515,6 +519,7 @@ impl Metrics {
         for (pool, size, idle) in [
             ("shared", g.pool_size, g.pool_idle),
             ("lease", g.lease_pool_size, g.lease_pool_idle),
+            ("claims", g.claim_pool_size, g.claim_pool_idle),
         ] {
             set.pool_size
                 .with_label_values(&[pool])
@@ -713,6 +718,8 @@ mod tests {
             database_host: "db2:5433".into(),
             database_switches: 1,
             leases: Some(4),
+            claim_pool_size: 2,
+            claim_pool_idle: 1,
             ..Gauges::default()
         };
         let text = String::from_utf8(m.prometheus_text(&g).unwrap()).unwrap();
@@ -729,6 +736,7 @@ mod tests {
             "queen_database_primary{host=\"db2:5433\"} 1",
             "queen_database_primary_switches_total 1",
             "queen_leases_held{scope=\"cluster\"} 4",
+            "queen_db_pool_active{pool=\"claims\"} 1",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

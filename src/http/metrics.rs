@@ -43,6 +43,8 @@ fn gauges(state: &AppState) -> Gauges {
         pool_idle: state.pool.num_idle(),
         lease_pool_size: state.lease_pool.size(),
         lease_pool_idle: state.lease_pool.num_idle(),
+        claim_pool_size: state.claims.pool().size(),
+        claim_pool_idle: state.claims.pool().num_idle(),
         spool_records: records,
         spool_bytes: spool.bytes(),
         spool_oldest_secs: if records > 0 {

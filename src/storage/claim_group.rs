@@ -133,6 +133,7 @@ struct GroupRow {
 #[derive(Clone, Debug)]
 pub struct ClaimGroup {
     jobs: mpsc::UnboundedSender<Job<ClaimJob, Reply>>,
+    pool: PgPool,
 }
 
 impl ClaimGroup {
@@ -145,7 +146,12 @@ impl ClaimGroup {
         for _ in 0..workers.max(1) {
             actix_web::rt::spawn(work(pool.clone(), owner.clone(), queue.clone()));
         }
-        Self { jobs }
+        Self { jobs, pool }
+    }
+
+    /// The workers' pool (for the pool gauges).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
     }
 
     /// Runs `job` together with whatever other claims are waiting: its rows (none when nothing

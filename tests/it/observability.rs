@@ -175,6 +175,10 @@ async fn counters_move_by_exactly_what_a_known_sequence_produces() {
     assert_eq!(s("queen_file_buffer_pending", &[]), 0.0);
     assert_eq!(s("queen_file_buffer_db_healthy", &[]), 1.0);
     assert!(s("queen_db_pool_size", &[("pool", "shared")]) >= 1.0);
+    assert!(
+        text.contains("queen_db_pool_size{pool=\"claims\"}"),
+        "the grouped claims' pool is reported"
+    );
     assert!(s("process_resident_memory_bytes", &[]) > 0.0);
     assert!(
         text.contains("# TYPE queen_file_buffer_replayed_total counter"),
