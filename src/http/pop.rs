@@ -166,11 +166,10 @@ async fn serve(
         Source::Matching(..) => WakeKey::Any,
     };
     let waiter = state.wake.subscribe(key.clone());
-    // Every look of a long-poll counts as woken, its first and the re-check after a wake-up
-    // included: if it finds nothing it waits anyway, and what only the lists and the full pop
-    // find is looked for by one such look of the group every `WOKEN_FULL_POP_EVERY` on this
-    // broker, not by every waiting consumer in turn.
-    let woken = params.wait;
+    // Every look of a long-poll counts as woken (`PopRequest::woken`), its first and the
+    // re-check after a wake-up included: if it finds nothing it waits anyway, and what only the
+    // lists and the full pop find is looked for by one such look of the group every
+    // `WOKEN_FULL_POP_EVERY` on this broker, not by every waiting consumer in turn.
     // Whether the last wait ran out (the look after it was the re-check).
     let mut rechecked = false;
     loop {
@@ -203,7 +202,7 @@ async fn serve(
                 start: params.start.clone(),
                 owner: &state.broker_id,
                 cache: &state.cache,
-                woken,
+                woken: params.wait,
                 handoffs: &state.handoffs,
                 claims: &state.claims,
             };
@@ -250,10 +249,10 @@ async fn serve(
         // look may have skipped the full pop (see `PopRequest::woken`): unless a wake-up comes
         // first, the next look is a moment later; after that re-check (which ran the full pop,
         // or another look of the group just had), the next is `pop_recheck` later.
-        let recheck = if woken && !rechecked {
-            state.settings.pop_recheck.min(2 * WOKEN_FULL_POP_EVERY)
-        } else {
+        let recheck = if rechecked {
             state.settings.pop_recheck
+        } else {
+            state.settings.pop_recheck.min(2 * WOKEN_FULL_POP_EVERY)
         };
         rechecked = tokio::time::timeout((deadline - now).min(recheck), notified)
             .await

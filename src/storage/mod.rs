@@ -123,27 +123,28 @@ pub fn connect_options(url: &str, settings: &Settings) -> Result<PgConnectOption
 /// connection that died meanwhile fails its statement instead, sqlx drops it, and the pop
 /// answers as for any unreachable moment (503, which clients retry).
 pub fn lease_pool(primary: &Arc<Primary>, settings: &Settings) -> PgPool {
-    let options = primary.options().options([("synchronous_commit", "off")]);
-    tracked(
-        primary,
-        pool_options(primary)
-            .test_before_acquire(false)
-            .max_connections(settings.db_pool_size)
-            .acquire_timeout(settings.connect_timeout.max(Duration::from_millis(500)))
-            .connect_lazy_with(options),
-    )
+    async_commit_pool(primary, settings, settings.db_pool_size)
 }
 
 /// The pool of the grouped hand-off claims ([`claim_group`]): `workers` connections with
 /// asynchronous commit, like the lease pool's, but apart from it (pops hold lease-pool
 /// connections while their claims wait for a worker).
 pub fn claim_pool(primary: &Arc<Primary>, settings: &Settings, workers: usize) -> PgPool {
+    async_commit_pool(
+        primary,
+        settings,
+        u32::try_from(workers.max(1)).unwrap_or(1),
+    )
+}
+
+/// `size` connections whose commits do not wait for their WAL flush (leases).
+fn async_commit_pool(primary: &Arc<Primary>, settings: &Settings, size: u32) -> PgPool {
     let options = primary.options().options([("synchronous_commit", "off")]);
     tracked(
         primary,
         pool_options(primary)
             .test_before_acquire(false)
-            .max_connections(u32::try_from(workers.max(1)).unwrap_or(1))
+            .max_connections(size)
             .acquire_timeout(settings.connect_timeout.max(Duration::from_millis(500)))
             .connect_lazy_with(options),
     )
