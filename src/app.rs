@@ -120,6 +120,8 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         .take()
         .expect("a started broker has its server");
     let result = server.await;
+    // Leases claimed ahead for pops that will not come are released, not left to run out.
+    broker.state.ahead.release_all().await;
     broker.shutdown();
     result.map_err(StartError::Server)
 }
@@ -346,6 +348,15 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
 
     let pool_for_acks = pool.clone();
     let broker_id = format!("broker-{}", uuid::Uuid::new_v4().simple());
+    let claims =
+        storage::claim_group::ClaimGroup::start(claim_pool, broker_id.clone(), CLAIM_WORKERS);
+    let ahead = storage::ahead::AheadLeases::new(
+        claims.clone(),
+        handoffs.clone(),
+        cache.clone(),
+        hub.clone(),
+        settings.pop_ahead,
+    );
     let state = web::Data::new(AppState {
         registry,
         pool,
@@ -364,7 +375,8 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         payload_key,
         handoffs,
         ack_group: storage::ack_group::AckGroup::start(pool_for_acks, ACK_WORKERS),
-        claims: storage::claim_group::ClaimGroup::start(claim_pool, broker_id, CLAIM_WORKERS),
+        claims,
+        ahead,
         primary: primary.clone(),
     });
     let data = state.clone();

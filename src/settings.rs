@@ -210,6 +210,7 @@ variables! {
     QUEEN_FLAG_POLL_MS, "queen_flag_poll_ms", Value("1000"), Millis, "how often the maintenance flags are read from PostgreSQL";
     QUEEN_FLAG_READ_TIMEOUT_MS, "queen_flag_read_timeout_ms", Value("2000"), Millis, "longest one read of the flags may take (the last known flags stay)";
     QUEEN_POP_RECHECK_MS, "queen_pop_recheck_ms", Value("1000"), Millis, "a waiting pop re-reads PostgreSQL at least this often (lease expiry, delayed messages)";
+    QUEEN_POP_AHEAD_MS, "queen_pop_ahead_ms", Value("50"), MillisOrZero, "an ack that ends a lease claims the group's next partition for the consumer's next pop while its commit flushes; a lease no pop takes within this is released (0 turns this off)";
     QUEEN_HEALTH_TIMEOUT_MS, "queen_health_timeout_ms", Value("2000"), Millis, "`GET /health` answers 503 when `SELECT 1` takes longer";
     QUEEN_DEDUP_SWEEP_MS, "queen_dedup_sweep_ms", Value("60000"), Millis, "interval of the expired dedup-key sweep";
     RETENTION_INTERVAL, "retention_interval", Value("300000"), Millis, "interval of the retention sweep (docs/operations.md)";
@@ -548,6 +549,9 @@ pub struct Settings {
     pub flag_read_timeout: Duration,
     /// A waiting pop re-reads PostgreSQL at least this often.
     pub pop_recheck: Duration,
+    /// How long a lease claimed ahead of a consumer's next pop waits for it (zero: never
+    /// claimed ahead).
+    pub pop_ahead: Duration,
     /// Longest the readiness check's `SELECT 1` may take.
     pub health_timeout: Duration,
     /// Data folder of the private PostgreSQL.
@@ -965,6 +969,7 @@ impl Settings {
             flag_poll_every: src.duration(&QUEEN_FLAG_POLL_MS)?,
             flag_read_timeout: src.duration(&QUEEN_FLAG_READ_TIMEOUT_MS)?,
             pop_recheck: src.duration(&QUEEN_POP_RECHECK_MS)?,
+            pop_ahead: src.duration(&QUEEN_POP_AHEAD_MS)?,
             health_timeout: src.duration(&QUEEN_HEALTH_TIMEOUT_MS)?,
             private_pg_dir: PathBuf::from(src.required(&QUEEN_PRIVATE_PG_DIR)?),
             private_pg_probe: src.required(&QUEEN_PRIVATE_PG_PROBE)?.to_string(),

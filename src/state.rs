@@ -16,6 +16,7 @@ use sqlx::PgPool;
 use crate::metrics::Metrics;
 use crate::settings::Settings;
 use crate::storage::ack_group::AckGroup;
+use crate::storage::ahead::AheadLeases;
 use crate::storage::cache::SegmentCache;
 use crate::storage::claim_group::ClaimGroup;
 use crate::storage::crypto::PayloadKey;
@@ -100,6 +101,8 @@ pub struct AppState {
     pub ack_group: AckGroup,
     /// Hand-off claims of the pops, grouped into shared statements.
     pub claims: ClaimGroup,
+    /// Leases claimed for the next pop while an ack commits (`storage::ahead`).
+    pub ahead: Arc<AheadLeases>,
     /// The database hosts and which one is the primary now (`storage::hosts`).
     pub primary: Arc<Primary>,
 }

@@ -191,6 +191,15 @@ impl WakeHub {
         }
     }
 
+    /// Wakes one queue-level pop waiting on `key` (a queue or a named group of it), if any: a
+    /// lease was just claimed ahead for the next pop of that group (`storage::ahead`).
+    pub fn wake_one(&self, key: &WakeKey) {
+        let waiters = self.waiters.lock().expect("wake hub lock poisoned");
+        if let Some(n) = waiters.by_key.get(key) {
+            n.notify_one();
+        }
+    }
+
     /// Wakes pops waiting on any partition of `queue` (or any queue).
     pub fn wake_queue(&self, queue: &str) {
         let waiters = self.waiters.lock().expect("wake hub lock poisoned");

@@ -147,7 +147,17 @@ async fn finish(
         .sum::<u64>()
         + other;
     let mut conn = PgConnection::connect(url).await?;
-    let (committed, live) = db::consumed_offsets(&mut conn).await?;
+    // A lease the broker claimed ahead for a consumer's next pop (QUEEN_POP_AHEAD_MS, 50 ms by
+    // default) is released when no pop takes it: the check gives it a second to go.
+    let mut waited = 0;
+    let (committed, live) = loop {
+        let (committed, live) = db::consumed_offsets(&mut conn).await?;
+        if live == 0 || waited >= 20 {
+            break (committed, live);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        waited += 1;
+    };
     conn.close().await?;
     m.errors = producers.iter().map(|l| l.errors).sum::<u64>()
         + consumers.iter().map(|l| l.errors).sum::<u64>();

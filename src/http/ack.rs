@@ -16,6 +16,13 @@ async fn apply(state: &AppState, list: Vec<Ack>) -> Result<HttpResponse, ApiErro
         if let Some(plan) = acks::plan_completed_fast(&state.cache, &list)? {
             let (lease, partition, partition_id) =
                 (plan.ack.lease, list[0].partition, plan.ack.partition_id);
+            // The ack ends its lease whole: while its commit flushes, the group's next
+            // partition is claimed for the consumer's next pop.
+            if let Some(batch) = plan.batch {
+                if plan.ack.end >= plan.ack.to && !state.flags.pop_maintenance() {
+                    state.ahead.after_ack(&plan.queue, &list[0].group, batch);
+                }
+            }
             if let Some(applied) = state.ack_group.apply(plan.ack).await {
                 if applied.released {
                     state.cache.forget_lease(lease, partition);

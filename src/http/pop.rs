@@ -205,6 +205,7 @@ async fn serve(
                 woken: params.wait,
                 handoffs: &state.handoffs,
                 claims: &state.claims,
+                ahead: &state.ahead,
             };
             match &source {
                 Source::Matching(ns, task) => {
@@ -270,8 +271,9 @@ const REST_PER_LAG: u64 = 4;
 /// up to this long.
 const MAX_REST: Duration = Duration::from_millis(30);
 
-/// When the oldest message of this pop waited at least `QUEEN_CONSUMER_LAG_MS`, its consumers
-/// are behind: for a while, pushes commit one transaction at a time (fuller transactions,
+/// When the oldest message of this pop waited at least `QUEEN_CONSUMER_LAG_MS` since it became
+/// visible (since this broker committed its segment; for a segment read from PostgreSQL, since
+/// the push arrived), its consumers are behind: for a while, pushes commit one transaction at a time (fuller transactions,
 /// cheaper per message, and CPU left to the consumers) rather than spilling into parallel ones,
 /// and pause between transactions the longer the further behind the consumers are, so the
 /// producers (whose pushes are answered later) slow down to what the consumers can follow.
@@ -280,15 +282,22 @@ fn yield_to_consumers(state: &AppState, decoded: &Decoded<'_>) {
     if lag.is_zero() {
         return;
     }
-    let oldest = decoded
+    // Measured from the commit, not the push's arrival: a push waits for its commit longer
+    // while pushes are held back for the consumers, and counting that wait would keep them
+    // held back.
+    let now = Utc::now().timestamp_micros();
+    let waited = decoded
         .iter()
-        .filter_map(|(_, frames)| frames.first())
-        .map(|(_, f)| f.created_at_micros)
-        .min();
-    let Some(oldest) = oldest else {
+        .filter_map(|(d, frames)| match d.visible_since() {
+            Some(at) => i64::try_from(at.elapsed().as_micros()).ok(),
+            None => frames
+                .first()
+                .map(|(_, f)| now.saturating_sub(f.created_at_micros)),
+        })
+        .max();
+    let Some(waited) = waited else {
         return;
     };
-    let waited = Utc::now().timestamp_micros().saturating_sub(oldest);
     let lag_us = i64::try_from(lag.as_micros()).unwrap_or(i64::MAX);
     if waited >= lag_us {
         // The further behind, the longer each pause between push transactions.

@@ -473,6 +473,7 @@ pub fn plan_completed_fast(
         },
         queue: range.queue.clone(),
         partition: range.partition.clone(),
+        batch: range.batch,
     };
     if let Some(txns) = &range.txns {
         // The ids the pop handed out: no segment is read.
@@ -523,6 +524,8 @@ pub struct FastPlan {
     pub queue: std::sync::Arc<str>,
     /// The partition's name.
     pub partition: std::sync::Arc<str>,
+    /// The batch of the queue-level pop that made the lease (`None`: a partition pop).
+    pub batch: Option<usize>,
 }
 
 /// One fast ack as the grouped statement applies it: move the committed offset of

@@ -37,6 +37,9 @@ pub struct CachedSegment {
     pub count: i64,
     /// The `frames` column.
     pub frames: Vec<u8>,
+    /// When this broker committed it (`None`: read from PostgreSQL, committed by any broker):
+    /// from then on its messages were visible to consumers.
+    pub committed_at: Option<std::time::Instant>,
 }
 
 /// Per-entry bookkeeping beyond the frames (map entries, queue slot).
@@ -86,6 +89,9 @@ pub struct LeasedRange {
     /// The transaction ids handed out, when the pop's answer recorded them
     /// ([`SegmentCache::index_lease`]).
     pub txns: Option<Arc<LeaseTxns>>,
+    /// The batch of the queue-level pop that leased it (`None`: a partition pop), which the
+    /// consumer's next pop most likely asks for again (`storage::ahead`).
+    pub batch: Option<usize>,
 }
 
 type LeaseKey = (uuid::Uuid, uuid::Uuid);
@@ -175,7 +181,8 @@ impl SegmentCache {
     /// Keeps a committed segment (the caller checked [`SegmentCache::consumed_queues`]).
     pub fn insert(&self, partition_id: i64, base_offset: i64, count: i64, frames: Vec<u8>) {
         if frames.len() + OVERHEAD <= self.capacity {
-            self.keep(partition_id, base_offset, count, frames);
+            let now = Some(std::time::Instant::now());
+            self.keep(partition_id, base_offset, count, frames, now);
         }
     }
 
@@ -216,7 +223,7 @@ impl SegmentCache {
         count: i64,
         frames: Vec<u8>,
     ) -> Arc<CachedSegment> {
-        self.keep(partition_id, base_offset, count, frames)
+        self.keep(partition_id, base_offset, count, frames, None)
     }
 
     fn keep(
@@ -225,12 +232,14 @@ impl SegmentCache {
         base_offset: i64,
         count: i64,
         frames: Vec<u8>,
+        committed_at: Option<std::time::Instant>,
     ) -> Arc<CachedSegment> {
         let cost = frames.len() + OVERHEAD;
         let seg = Arc::new(CachedSegment {
             base_offset,
             count,
             frames,
+            committed_at,
         });
         if cost > self.capacity {
             return seg;

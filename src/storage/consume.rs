@@ -23,6 +23,7 @@ use uuid::Uuid;
 
 use std::sync::Arc;
 
+use crate::storage::ahead::{Ahead, AheadLeases};
 use crate::storage::cache::{CachedSegment, LeasedRange, SegmentCache};
 use crate::storage::claim_group::{ClaimGroup, ClaimJob};
 use crate::storage::error::StorageError;
@@ -87,6 +88,8 @@ pub struct PopRequest<'a> {
     pub handoffs: &'a Handoffs,
     /// Where hand-off claims are run, grouped with those of concurrent pops.
     pub claims: &'a ClaimGroup,
+    /// Leases claimed ahead for the next pops of a group (taken first).
+    pub ahead: &'a AheadLeases,
 }
 
 /// Messages handed out from one partition: offsets `first_offset .. first_offset + count`.
@@ -110,6 +113,15 @@ pub struct Delivery {
 }
 
 impl Delivery {
+    /// When this broker committed the segment holding the first delivered message, if it did
+    /// (and still held it): since then that message was visible to consumers.
+    pub fn visible_since(&self) -> Option<std::time::Instant> {
+        self.segments
+            .iter()
+            .find(|s| s.base_offset + s.count > self.first_offset)
+            .and_then(|s| s.committed_at)
+    }
+
     /// The delivered messages with their offsets, in offset order, borrowing from the
     /// segments.
     ///
@@ -215,6 +227,15 @@ pub async fn pop(
     // moment. A few times a second per broker and group the full pop runs instead, looking at
     // the written partitions first and at untouched ones before the others.
     req.cache.note_pop(req.queue);
+    // A lease claimed for this group while an ack committed is delivered first: it is held
+    // for the next pop, and released again if none takes it.
+    if req.partition.is_none() && !req.auto_ack {
+        if let Some(ahead) = req.ahead.take(req.queue, req.group, req.batch.max(1)) {
+            if let Some(popped) = pop_ready(conn, req, Some(ahead)).await? {
+                return Ok(Some(popped));
+            }
+        }
+    }
     let written_first = req.partition.is_none() && req.cache.full_scan_due(req.queue, req.group);
     if written_first {
         // The one-statement pop enters the pair when it asks for a hand-off; this one does not.
@@ -230,7 +251,7 @@ pub async fn pop(
         if nothing_handed_off && !req.cache.woken_full_pop_due(req.queue, req.group) {
             return Ok(None);
         }
-        if let Some(popped) = pop_ready(conn, req).await? {
+        if let Some(popped) = pop_ready(conn, req, None).await? {
             return Ok(Some(popped));
         }
         if req.woken && !nothing_handed_off && !req.cache.woken_full_pop_due(req.queue, req.group) {
@@ -337,6 +358,7 @@ fn finish(req: &PopRequest<'_>, queue: &str, lease_id: Uuid, deliveries: Vec<Del
                     queue: queue_name.clone(),
                     partition: Arc::from(d.partition.as_str()),
                     txns: None,
+                    batch: req.partition.is_none().then_some(req.batch.max(1)),
                 },
             );
         }
@@ -354,12 +376,15 @@ const HANDOFF_TRIES: usize = 2;
 
 /// The queue-level pop by [`HANDOFF_SQL`] (a partition this broker released with messages
 /// left, when one waits) or [`READY_SQL`], one statement per claimed partition; `None` when it
-/// claimed nothing (the caller then runs the full pop).
+/// claimed nothing (the caller then runs the full pop). A lease claimed `ahead` is delivered
+/// first, as if this pop had claimed it (its lease id is the pop's).
 async fn pop_ready(
     conn: &mut PgConnection,
     req: &PopRequest<'_>,
+    ahead: Option<Ahead>,
 ) -> Result<Option<Popped>, StorageError> {
-    let lease_id = Uuid::now_v7();
+    let lease_id = ahead.as_ref().map_or_else(Uuid::now_v7, |a| a.lease);
+    let mut ahead = ahead.map(|a| (a.partition_id, a.rows));
     // What the one-statement pop is told not to send, read once and only if it runs.
     let mut all_held: Option<HeldRuns> = None;
     let sub = Subscription {
@@ -374,44 +399,20 @@ async fn pop_ready(
     // it was its turn.
     let mut ready_empty = false;
     while remaining > 0 && deliveries.len() < req.partitions.max(1) {
-        let handoff = match (handoffs_tried < HANDOFF_TRIES, ready_empty) {
-            (false, _) => None,
-            (true, false) => req.handoffs.next(req.queue, req.group),
-            (true, true) => req.handoffs.take(req.queue, req.group),
-        };
-        if handoff.is_none() && ready_empty {
-            break;
-        }
-        let rows: Vec<ReadyRow> = match handoff {
-            Some(partition_id) => {
-                handoffs_tried += 1;
-                // A hand-off names its partition: only that one's held run is sent.
-                let held = req.cache.held_run(partition_id);
-                let job = ClaimJob {
-                    queue: req.queue.to_string(),
-                    group: req.group.to_string(),
-                    lease: lease_id,
-                    want: remaining as i64,
-                    partition_id,
-                    held: held.map(|(_, from, to)| (from, to)),
-                };
-                match req.claims.claim(job).await {
-                    Some(rows) => rows,
-                    None => {
-                        let held = HeldRuns::from(held.into_iter());
-                        ready_statement(HANDOFF_SQL, req, lease_id, remaining, &held)
-                            .bind(partition_id)
-                            .fetch_all(&mut *conn)
-                            .await?
-                    }
-                }
-            }
+        let (handoff, rows) = match ahead.take() {
+            Some((partition_id, rows)) => (Some(partition_id), rows),
             None => {
-                let held = all_held
-                    .get_or_insert_with(|| req.cache.held_runs(HELD_PARTITIONS).into_iter().into());
-                ready_statement(READY_SQL, req, lease_id, remaining, held)
-                    .fetch_all(&mut *conn)
-                    .await?
+                let handoff = match (handoffs_tried < HANDOFF_TRIES, ready_empty) {
+                    (false, _) => None,
+                    (true, false) => req.handoffs.next(req.queue, req.group),
+                    (true, true) => req.handoffs.take(req.queue, req.group),
+                };
+                if handoff.is_none() && ready_empty {
+                    break;
+                }
+                handoffs_tried += usize::from(handoff.is_some());
+                let rows = claim(conn, req, lease_id, remaining, handoff, &mut all_held).await?;
+                (handoff, rows)
             }
         };
         let Some(head) = rows.first() else {
@@ -485,6 +486,45 @@ async fn pop_ready(
         Some(q) if !deliveries.is_empty() => Some(finish(req, &q.name, lease_id, deliveries)),
         _ => None,
     })
+}
+
+/// One claim of [`pop_ready`]: the hand-off `handoff` (grouped with concurrent pops' claims,
+/// or alone when the group's statement failed), or the one-statement pop when none is named.
+async fn claim(
+    conn: &mut PgConnection,
+    req: &PopRequest<'_>,
+    lease_id: Uuid,
+    remaining: usize,
+    handoff: Option<i64>,
+    all_held: &mut Option<HeldRuns>,
+) -> Result<Vec<ReadyRow>, StorageError> {
+    let Some(partition_id) = handoff else {
+        let held =
+            all_held.get_or_insert_with(|| req.cache.held_runs(HELD_PARTITIONS).into_iter().into());
+        return Ok(ready_statement(READY_SQL, req, lease_id, remaining, held)
+            .fetch_all(&mut *conn)
+            .await?);
+    };
+    // A hand-off names its partition: only that one's held run is sent.
+    let held = req.cache.held_run(partition_id);
+    let job = ClaimJob {
+        queue: req.queue.to_string(),
+        group: req.group.to_string(),
+        lease: lease_id,
+        want: remaining as i64,
+        partition_id,
+        held: held.map(|(_, from, to)| (from, to)),
+    };
+    if let Some(rows) = req.claims.claim(job).await {
+        return Ok(rows);
+    }
+    let held = HeldRuns::from(held.into_iter());
+    Ok(
+        ready_statement(HANDOFF_SQL, req, lease_id, remaining, &held)
+            .bind(partition_id)
+            .fetch_all(&mut *conn)
+            .await?,
+    )
 }
 
 /// [`READY_SQL`] or [`HANDOFF_SQL`] with the parameters `$1`..`$8` both take (the hand-off

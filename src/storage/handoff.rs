@@ -89,6 +89,19 @@ impl Handoffs {
         waiting.list.pop_front()
     }
 
+    /// The partition of the oldest hand-off of `(queue, group)` for a lease claimed ahead of
+    /// the next pop (`storage::ahead`), counted like a pop's; `None` when none waits or the
+    /// one-statement pop is due (which is left to the next pop: its turn is not spent here).
+    pub fn next_ahead(&self, queue: &str, group: &str) -> Option<i64> {
+        let mut by_queue = self.by_queue.lock().expect("hand-offs lock poisoned");
+        let waiting = by_queue.get_mut(queue)?.get_mut(group)?;
+        if waiting.list.is_empty() || waiting.taken + 1 >= ONE_STATEMENT_EVERY {
+            return None;
+        }
+        waiting.taken += 1;
+        waiting.list.pop_front()
+    }
+
     /// The partition of the oldest hand-off of `(queue, group)`, whether or not the
     /// one-statement pop is due (it just ran and found nothing).
     pub fn take(&self, queue: &str, group: &str) -> Option<i64> {
@@ -203,6 +216,35 @@ mod tests {
             "when it found nothing, the hand-off it skipped"
         );
         assert_eq!(h.next("q", "g"), Some(ONE_STATEMENT_EVERY as i64));
+    }
+
+    #[test]
+    fn a_claim_ahead_takes_hand_offs_but_leaves_the_one_statement_turn_to_a_pop() {
+        let h = Handoffs::default();
+        assert_eq!(
+            h.next_ahead("q", "g"),
+            None,
+            "an unknown group is not entered"
+        );
+        assert_eq!(h.next("q", "g"), None, "the first pop enters the group");
+        for id in 0..20 {
+            h.offer("q", "g", id);
+        }
+        let ahead: Vec<Option<i64>> = (0..ONE_STATEMENT_EVERY)
+            .map(|_| h.next_ahead("q", "g"))
+            .collect();
+        let expected: Vec<Option<i64>> = (0..ONE_STATEMENT_EVERY as i64 - 1)
+            .map(Some)
+            .chain([None])
+            .collect();
+        assert_eq!(ahead, expected);
+        assert_eq!(h.next_ahead("q", "g"), None, "the turn is still due");
+        assert_eq!(
+            h.next("q", "g"),
+            None,
+            "the next pop runs the one-statement pop"
+        );
+        assert_eq!(h.next_ahead("q", "g"), Some(ONE_STATEMENT_EVERY as i64 - 1));
     }
 
     #[test]

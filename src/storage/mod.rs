@@ -24,6 +24,7 @@
 
 pub mod ack_group;
 pub mod acks;
+pub mod ahead;
 pub mod cache;
 pub mod claim_group;
 pub mod commit;

@@ -11,7 +11,7 @@ use queen_broker::storage::consume::QUEUE_MODE;
 use uuid::Uuid;
 
 use crate::support::consuming::*;
-use crate::support::{fresh_db, spawn_app, TestDb};
+use crate::support::{fresh_db, spawn_app, spawn_app_with, test_settings, TestDb};
 
 /// The database id of each partition of `queue`, by name.
 async fn partition_ids(db: &TestDb, queue: &str) -> BTreeMap<String, i64> {
@@ -58,7 +58,9 @@ fn job(queue: &str, partition_id: i64, want: i64) -> ClaimJob {
 #[actix_web::test]
 async fn claims_run_together_are_each_decided_as_alone() {
     let db = fresh_db().await;
-    let app = spawn_app(&db).await;
+    // The acks below must leave their partitions free for the claims this test sends: no
+    // lease is claimed ahead for a next pop (`storage::ahead`, tested in `consume_ahead`).
+    let app = spawn_app_with(test_settings(&db, &[("QUEEN_POP_AHEAD_MS", "0")])).await;
     for p in ["p0", "p1", "p2", "p3"] {
         push_n(&app, "q", p, 0, 3).await;
     }
