@@ -84,6 +84,9 @@ pub struct Gauges {
     pub database_host: String,
     /// Switches to another database host since start.
     pub database_switches: u64,
+    /// Leases claimed ahead of a consumer's next pop since start: claimed, taken by a pop,
+    /// released unused (`storage::ahead`).
+    pub leases_ahead: [u64; 3],
     /// Request bytes held by the write path.
     pub inflight_bytes: usize,
     /// Items handed to committers and not yet committed.
@@ -111,6 +114,7 @@ struct GaugeSet {
     partition_evictions: IntCounter,
     database_host: IntGaugeVec,
     database_switches: IntCounter,
+    leases_ahead: IntCounterVec,
     inflight_bytes: IntGauge,
     commit_backlog: IntGauge,
     leases: IntGaugeVec,
@@ -385,6 +389,12 @@ impl Metrics {
                 "queen_database_primary_switches_total",
                 "switches to another database host since start",
             ),
+            leases_ahead: counter_vec(
+                &r,
+                "queen_pop_leases_ahead_total",
+                "leases claimed ahead of a consumer's next pop while its ack committed (QUEEN_POP_AHEAD_MS)",
+                &["outcome"],
+            ),
             inflight_bytes: gauge(
                 &r,
                 "queen_inflight_bytes",
@@ -542,6 +552,12 @@ impl Metrics {
         set.partition_actors.set(g.partition_actors as i64);
         catch_up(&set.partition_evictions, g.partition_evictions);
         catch_up(&set.database_switches, g.database_switches);
+        for (outcome, total) in ["claimed", "taken", "released"]
+            .into_iter()
+            .zip(g.leases_ahead)
+        {
+            catch_up(&set.leases_ahead.with_label_values(&[outcome]), total);
+        }
         if !g.database_host.is_empty() {
             set.database_host.reset();
             set.database_host
@@ -720,6 +736,7 @@ mod tests {
             leases: Some(4),
             claim_pool_size: 2,
             claim_pool_idle: 1,
+            leases_ahead: [7, 5, 2],
             ..Gauges::default()
         };
         let text = String::from_utf8(m.prometheus_text(&g).unwrap()).unwrap();
@@ -737,6 +754,8 @@ mod tests {
             "queen_database_primary_switches_total 1",
             "queen_leases_held{scope=\"cluster\"} 4",
             "queen_db_pool_active{pool=\"claims\"} 1",
+            "queen_pop_leases_ahead_total{outcome=\"taken\"} 5",
+            "queen_pop_leases_ahead_total{outcome=\"released\"} 2",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

@@ -61,6 +61,10 @@ fn gauges(state: &AppState) -> Gauges {
         partition_evictions: state.registry.evicted(),
         database_host: state.primary.current_host(),
         database_switches: state.primary.switches(),
+        leases_ahead: {
+            let c = state.ahead.counts();
+            [c.claimed, c.taken, c.released]
+        },
         inflight_bytes: crate::state::inflight_bytes(state),
         commit_backlog: state.committers.backlog(),
         leases: None,

@@ -69,14 +69,15 @@ async fn the_next_pop_delivers_the_lease_an_ack_claimed_ahead() {
     let db = fresh_db().await;
     let app = broker(&db, "30000").await;
     let ahead_partition = ack_after_a_release(&app).await;
-    let (lease, owner) = eventually(
-        Duration::from_secs(5),
-        "the released partition leased ahead",
-        || async { live_lease(&db, &ahead_partition).await },
-    )
+    // The claim's lease is in PostgreSQL a moment before the broker's book holds it.
+    eventually(Duration::from_secs(5), "a lease claimed ahead", || async {
+        (app.broker.state.ahead.waiting("q", QUEUE_MODE) == 1).then_some(())
+    })
     .await;
+    let (lease, owner) = live_lease(&db, &ahead_partition)
+        .await
+        .expect("the released partition leased ahead");
     assert_eq!(owner, app.broker.state.broker_id);
-    assert_eq!(app.broker.state.ahead.waiting("q", QUEUE_MODE), 1);
 
     let next = pop(&app, "q", "batch=1").await;
     assert_eq!(ns(&next).len(), 1);
@@ -92,6 +93,15 @@ async fn the_next_pop_delivers_the_lease_an_ack_claimed_ahead() {
     assert!(all_succeeded(&acked), "the lease acks as any: {acked}");
     let counts = app.broker.state.ahead.counts();
     assert!(counts.claimed >= 1 && counts.taken >= 1, "{counts:?}");
+    let (status, text) = app.get_text("/metrics/prometheus").await;
+    assert_eq!(status, 200);
+    assert!(
+        text.contains(&format!(
+            "queen_pop_leases_ahead_total{{outcome=\"taken\"}} {}",
+            counts.taken
+        )),
+        "{text}"
+    );
 }
 
 #[actix_web::test]
@@ -99,12 +109,11 @@ async fn a_lease_claimed_ahead_that_no_pop_takes_is_released_for_any_broker() {
     let db = fresh_db().await;
     let app = broker(&db, "300").await;
     let ahead_partition = ack_after_a_release(&app).await;
-    eventually(
-        Duration::from_secs(5),
-        "the released partition leased ahead",
-        || async { live_lease(&db, &ahead_partition).await },
-    )
+    eventually(Duration::from_secs(5), "a lease claimed ahead", || async {
+        (app.broker.state.ahead.waiting("q", QUEUE_MODE) == 1).then_some(())
+    })
     .await;
+    assert!(live_lease(&db, &ahead_partition).await.is_some());
     // A pop asking for another batch leaves it (its range was claimed for batch 1): it gets
     // the other partition.
     let other = pop(&app, "q", "batch=5").await;
@@ -185,12 +194,11 @@ async fn a_stopping_broker_releases_what_it_claimed_ahead() {
     let db = fresh_db().await;
     let app = broker(&db, "30000").await;
     let ahead_partition = ack_after_a_release(&app).await;
-    eventually(
-        Duration::from_secs(5),
-        "the released partition leased ahead",
-        || async { live_lease(&db, &ahead_partition).await },
-    )
+    eventually(Duration::from_secs(5), "a lease claimed ahead", || async {
+        (app.broker.state.ahead.waiting("q", QUEUE_MODE) == 1).then_some(())
+    })
     .await;
+    assert!(live_lease(&db, &ahead_partition).await.is_some());
     // What `app::run` does once the server stopped.
     app.broker.state.ahead.release_all().await;
     assert_eq!(live_lease(&db, &ahead_partition).await, None);
