@@ -166,22 +166,5 @@ async fn consumers_claiming_together_get_every_message_once_in_order() {
         got
     };
     let all = futures_util::future::join_all((0..8).map(|_| consumer())).await;
-    let mut by_partition: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
-    for got in &all {
-        // Within one consumer's pops, a partition's messages come in order.
-        let mut last: BTreeMap<i64, i64> = BTreeMap::new();
-        for n in got {
-            let p = n / 1000;
-            if let Some(prev) = last.insert(p, *n) {
-                assert!(*n > prev, "partition {p} out of order: {prev} then {n}");
-            }
-            by_partition.entry(p).or_default().push(*n);
-        }
-    }
-    assert_eq!(by_partition.len(), PARTITIONS as usize);
-    for (p, mut ns) in by_partition {
-        ns.sort_unstable();
-        let want: Vec<i64> = (p * 1000..p * 1000 + EACH).collect();
-        assert_eq!(ns, want, "partition {p}: every message once");
-    }
+    assert_each_once_in_order(&all, PARTITIONS, EACH);
 }

@@ -4,7 +4,6 @@
 //! broker then serves its messages; a pop asking for another batch does not take it; and
 //! consumers on two brokers popping and acking at once still get every message once, in order.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use queen_broker::storage::consume::QUEUE_MODE;
@@ -59,6 +58,21 @@ async fn ack_after_a_release(app: &TestApp) -> String {
     p1
 }
 
+/// Waits until `app` holds one lease claimed ahead (its lease is in PostgreSQL a moment
+/// before the broker's book holds it) and returns it: the live lease of `partition`, owned by
+/// `app`.
+async fn claimed_ahead(app: &TestApp, db: &TestDb, partition: &str) -> Uuid {
+    eventually(Duration::from_secs(5), "a lease claimed ahead", || async {
+        (app.broker.state.ahead.waiting("q", QUEUE_MODE) == 1).then_some(())
+    })
+    .await;
+    let (lease, owner) = live_lease(db, partition)
+        .await
+        .expect("the released partition leased ahead");
+    assert_eq!(owner, app.broker.state.broker_id);
+    lease
+}
+
 /// A broker on `db` holding leases claimed ahead for `hold_ms`.
 async fn broker(db: &TestDb, hold_ms: &str) -> TestApp {
     spawn_app_with(test_settings(db, &[("QUEEN_POP_AHEAD_MS", hold_ms)])).await
@@ -69,15 +83,7 @@ async fn the_next_pop_delivers_the_lease_an_ack_claimed_ahead() {
     let db = fresh_db().await;
     let app = broker(&db, "30000").await;
     let ahead_partition = ack_after_a_release(&app).await;
-    // The claim's lease is in PostgreSQL a moment before the broker's book holds it.
-    eventually(Duration::from_secs(5), "a lease claimed ahead", || async {
-        (app.broker.state.ahead.waiting("q", QUEUE_MODE) == 1).then_some(())
-    })
-    .await;
-    let (lease, owner) = live_lease(&db, &ahead_partition)
-        .await
-        .expect("the released partition leased ahead");
-    assert_eq!(owner, app.broker.state.broker_id);
+    let lease = claimed_ahead(&app, &db, &ahead_partition).await;
 
     let next = pop(&app, "q", "batch=1").await;
     assert_eq!(ns(&next).len(), 1);
@@ -109,11 +115,7 @@ async fn a_lease_claimed_ahead_that_no_pop_takes_is_released_for_any_broker() {
     let db = fresh_db().await;
     let app = broker(&db, "300").await;
     let ahead_partition = ack_after_a_release(&app).await;
-    eventually(Duration::from_secs(5), "a lease claimed ahead", || async {
-        (app.broker.state.ahead.waiting("q", QUEUE_MODE) == 1).then_some(())
-    })
-    .await;
-    assert!(live_lease(&db, &ahead_partition).await.is_some());
+    claimed_ahead(&app, &db, &ahead_partition).await;
     // A pop asking for another batch leaves it (its range was claimed for batch 1): it gets
     // the other partition.
     let other = pop(&app, "q", "batch=5").await;
@@ -165,23 +167,7 @@ async fn consumers_on_two_brokers_claiming_ahead_get_every_message_once_in_order
     };
     let brokers: &'static [TestApp; 2] = Box::leak(Box::new(brokers));
     let all = futures_util::future::join_all((0..8).map(|n| consumer(&brokers[n % 2]))).await;
-    let mut by_partition: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
-    for got in &all {
-        let mut last: BTreeMap<i64, i64> = BTreeMap::new();
-        for n in got {
-            let p = n / 1000;
-            if let Some(prev) = last.insert(p, *n) {
-                assert!(*n > prev, "partition {p} out of order: {prev} then {n}");
-            }
-            by_partition.entry(p).or_default().push(*n);
-        }
-    }
-    for p in 0..PARTITIONS {
-        let mut got = by_partition.remove(&p).unwrap_or_default();
-        got.sort_unstable();
-        let want: Vec<i64> = (p * 1000..p * 1000 + EACH).collect();
-        assert_eq!(got, want, "partition p{p}: every message once");
-    }
+    assert_each_once_in_order(&all, PARTITIONS, EACH);
     let taken: u64 = brokers
         .iter()
         .map(|b| b.broker.state.ahead.counts().taken)
@@ -194,11 +180,7 @@ async fn a_stopping_broker_releases_what_it_claimed_ahead() {
     let db = fresh_db().await;
     let app = broker(&db, "30000").await;
     let ahead_partition = ack_after_a_release(&app).await;
-    eventually(Duration::from_secs(5), "a lease claimed ahead", || async {
-        (app.broker.state.ahead.waiting("q", QUEUE_MODE) == 1).then_some(())
-    })
-    .await;
-    assert!(live_lease(&db, &ahead_partition).await.is_some());
+    claimed_ahead(&app, &db, &ahead_partition).await;
     // What `app::run` does once the server stopped.
     app.broker.state.ahead.release_all().await;
     assert_eq!(live_lease(&db, &ahead_partition).await, None);

@@ -166,3 +166,30 @@ pub async fn partition_id(db: &TestDb, name: &str) -> i64 {
         .await
         .expect("partition row")
 }
+
+/// Checks what consumers got from partitions `0..partitions` holding messages
+/// `p * 1000 .. p * 1000 + each` (`push_n` numbering): within each consumer's pops a
+/// partition's messages come in order, and every message came exactly once.
+pub fn assert_each_once_in_order(all: &[Vec<i64>], partitions: i64, each: i64) {
+    let mut by_partition: std::collections::BTreeMap<i64, Vec<i64>> = Default::default();
+    for got in all {
+        let mut last: std::collections::BTreeMap<i64, i64> = Default::default();
+        for n in got {
+            let p = n / 1000;
+            if let Some(prev) = last.insert(p, *n) {
+                assert!(*n > prev, "partition {p} out of order: {prev} then {n}");
+            }
+            by_partition.entry(p).or_default().push(*n);
+        }
+    }
+    for p in 0..partitions {
+        let mut got = by_partition.remove(&p).unwrap_or_default();
+        got.sort_unstable();
+        let want: Vec<i64> = (p * 1000..p * 1000 + each).collect();
+        assert_eq!(got, want, "partition {p}: every message once");
+    }
+    assert!(
+        by_partition.is_empty(),
+        "messages of no such partition: {by_partition:?}"
+    );
+}
