@@ -20,7 +20,7 @@
 //! dies meanwhile, the lease runs out at its expiry like any lease whose consumer died; nothing
 //! was delivered under it, so nothing is lost or delivered twice.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -50,6 +50,19 @@ UPDATE queen.partition_consumers
    AND consumer_group = $2
    AND lease_id = $3
    AND lease_expires_at IS NOT NULL";
+
+/// Releases, at shutdown, every lease claimed ahead that no pop took (by lease id: a claim
+/// whose task stopped with the server's workers was never booked, but its statement, run by the
+/// claim group, may have committed).
+const RELEASE_ALL_SQL: &str = "
+UPDATE queen.partition_consumers
+   SET lease_expires_at = NULL,
+       attention_at = now()
+ WHERE lease_id = ANY($1)
+   AND lease_expires_at IS NOT NULL";
+
+/// How long a stopping broker waits for the claims ahead still running before it releases.
+const CLOSING_WAIT: Duration = Duration::from_millis(250);
 
 /// One lease claimed ahead: the claim's rows, as a pop's own claim would have returned them.
 pub struct Ahead {
@@ -87,6 +100,8 @@ pub struct AheadLeases {
     released: AtomicU64,
     /// Claims sent and not yet answered.
     in_flight: AtomicUsize,
+    /// Lease ids claimed (or being claimed) ahead that no pop took and none released yet.
+    outstanding: Mutex<HashSet<Uuid>>,
     /// The broker is stopping: nothing more is claimed ahead, and what is claimed is released.
     closed: AtomicBool,
 }
@@ -112,6 +127,7 @@ impl AheadLeases {
             taken: AtomicU64::new(0),
             released: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            outstanding: Mutex::default(),
             closed: AtomicBool::new(false),
         })
     }
@@ -142,38 +158,47 @@ impl AheadLeases {
         let mut book = self.book.lock().expect("ahead book lock poisoned");
         let waiting = book.get_mut(queue)?.get_mut(group)?;
         let at = waiting.iter().position(|a| a.want == want)?;
-        let ahead = waiting.remove(at);
-        if ahead.is_some() {
-            self.taken.fetch_add(1, Ordering::Relaxed);
-        }
-        ahead
+        let ahead = waiting.remove(at)?;
+        self.taken.fetch_add(1, Ordering::Relaxed);
+        self.settled(ahead.lease);
+        Some(ahead)
     }
 
-    /// Releases every lease waiting here and claims nothing ahead from now on; for the
-    /// broker's shutdown, after its server stopped (claims still in flight are waited for, a
-    /// second at most, and release their lease themselves).
+    /// Releases every lease claimed ahead that no pop took, and claims nothing ahead from now
+    /// on; for the broker's shutdown, after its server stopped. Claims still running are waited
+    /// for (`CLOSING_WAIT`, 250 ms, at most): the release is by lease id, so it also covers a claim
+    /// whose task stopped with the server's workers while its statement committed.
     pub async fn release_all(&self) {
         self.closed.store(true, Ordering::Release);
-        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        let deadline = std::time::Instant::now() + CLOSING_WAIT;
         while self.in_flight.load(Ordering::Acquire) > 0 && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let waiting: Vec<(String, String, Ahead)> = {
-            let mut book = self.book.lock().expect("ahead book lock poisoned");
-            book.drain()
-                .flat_map(|(queue, groups)| {
-                    groups.into_iter().flat_map(move |(group, list)| {
-                        let queue = queue.clone();
-                        list.into_iter()
-                            .map(move |a| (queue.clone(), group.clone(), a))
-                    })
-                })
-                .collect()
-        };
-        for (queue, group, a) in waiting {
-            let key = wake_key(&queue, &group);
-            self.release(&queue, &group, a.partition_id, a.lease, &key)
-                .await;
+        self.book.lock().expect("ahead book lock poisoned").clear();
+        let leases: Vec<Uuid> = self
+            .outstanding
+            .lock()
+            .expect("ahead leases lock poisoned")
+            .drain()
+            .collect();
+        if leases.is_empty() {
+            return;
+        }
+        match sqlx::query(RELEASE_ALL_SQL)
+            .bind(&leases)
+            .execute(self.claims.pool())
+            .await
+        {
+            Ok(done) => {
+                self.released
+                    .fetch_add(done.rows_affected(), Ordering::Relaxed);
+                tracing::info!(
+                    released = done.rows_affected(),
+                    "leases claimed ahead released at shutdown"
+                );
+            }
+            Err(e) => tracing::warn!(error = %e, leases = leases.len(),
+                "releasing the leases claimed ahead failed; they run out at their expiry"),
         }
     }
 
@@ -207,6 +232,12 @@ impl AheadLeases {
     /// hold and releases it if no pop took it.
     async fn claim(self: Arc<Self>, queue: String, group: String, partition_id: i64, want: usize) {
         let lease = Uuid::now_v7();
+        // Known before the statement is sent: a stopping broker releases it even when this task
+        // stops with the server's workers before the answer comes.
+        self.outstanding
+            .lock()
+            .expect("ahead leases lock poisoned")
+            .insert(lease);
         let held = self.cache.held_run(partition_id);
         let job = ClaimJob {
             queue: queue.clone(),
@@ -219,31 +250,25 @@ impl AheadLeases {
         let answer = self.claims.claim(job).await;
         let key = wake_key(&queue, &group);
         let rows = match answer {
-            Some(rows) if rows.is_empty() => None, // the hint went stale
-            Some(rows) => Some(rows),
-            None => {
-                // The grouped statement failed (and logged why): the next pop tries it.
-                self.handoffs.offer(&queue, &group, partition_id);
-                None
+            Some(rows) if !rows.is_empty() => rows,
+            stale_or_failed => {
+                if stale_or_failed.is_none() {
+                    // The grouped statement failed (and logged why): the next pop tries it.
+                    self.handoffs.offer(&queue, &group, partition_id);
+                }
+                self.settled(lease);
+                self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                return;
             }
         };
-        if rows.is_some() {
-            self.claimed.fetch_add(1, Ordering::Relaxed);
+        self.claimed.fetch_add(1, Ordering::Relaxed);
+        if self.closed.load(Ordering::Acquire) {
+            // The broker is stopping: no pop will take it.
+            self.release(&queue, &group, partition_id, lease, &key)
+                .await;
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return;
         }
-        let rows = match (rows, self.closed.load(Ordering::Acquire)) {
-            (Some(rows), false) => rows,
-            (Some(_), true) => {
-                // The broker is stopping: no pop will take it.
-                self.release(&queue, &group, partition_id, lease, &key)
-                    .await;
-                self.in_flight.fetch_sub(1, Ordering::AcqRel);
-                return;
-            }
-            (None, _) => {
-                self.in_flight.fetch_sub(1, Ordering::AcqRel);
-                return;
-            }
-        };
         self.book
             .lock()
             .expect("ahead book lock poisoned")
@@ -264,6 +289,15 @@ impl AheadLeases {
             self.release(&queue, &group, partition_id, lease, &key)
                 .await;
         }
+    }
+
+    /// The lease `lease` needs no release at shutdown any more (taken, released, or never
+    /// claimed).
+    fn settled(&self, lease: Uuid) {
+        self.outstanding
+            .lock()
+            .expect("ahead leases lock poisoned")
+            .remove(&lease);
     }
 
     /// Drops the lease `lease` from the book; whether it was still there (no pop took it).
@@ -304,6 +338,7 @@ impl AheadLeases {
             .await;
         match done {
             Ok(_) => {
+                self.settled(lease);
                 self.released.fetch_add(1, Ordering::Relaxed);
                 self.handoffs.offer(queue, group, partition_id);
                 self.wake.wake_one(key);
