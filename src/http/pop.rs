@@ -273,8 +273,9 @@ const MAX_REST: Duration = Duration::from_millis(30);
 
 /// When the oldest message of this pop waited at least `QUEEN_CONSUMER_LAG_MS` since it became
 /// visible (since this broker committed its segment; for a segment read from PostgreSQL, since
-/// the push arrived), its consumers are behind: for a while, pushes commit one transaction at a time (fuller transactions,
-/// cheaper per message, and CPU left to the consumers) rather than spilling into parallel ones,
+/// the push arrived), its consumers are behind: for a while, pushes commit one transaction at a
+/// time (fuller transactions, cheaper per message, and CPU left to the consumers) rather than
+/// spilling into parallel ones,
 /// and pause between transactions the longer the further behind the consumers are, so the
 /// producers (whose pushes are answered later) slow down to what the consumers can follow.
 fn yield_to_consumers(state: &AppState, decoded: &Decoded<'_>) {

@@ -39,22 +39,12 @@ pub const MAX_PER_GROUP: usize = 64;
 /// (queue, group) pairs kept at most; a pair beyond them claims nothing ahead.
 const MAX_GROUPS: usize = 4096;
 
-/// Releases a lease claimed ahead that no pop took: the row asks for attention (messages wait
-/// past its committed offset, or the claim would not have taken it), unless another statement
-/// ended or changed the lease meanwhile.
+/// Releases leases claimed ahead that no pop took, by lease id (each covers one partition): the
+/// row asks for attention (messages wait past its committed offset, or the claim would not
+/// have taken it), unless another statement ended the lease meanwhile. At shutdown it is run for
+/// every lease not taken, booked or not: a claim whose task stopped with the server's workers
+/// was never booked, but its statement, run by the claim group, may have committed.
 const RELEASE_SQL: &str = "
-UPDATE queen.partition_consumers
-   SET lease_expires_at = NULL,
-       attention_at = now()
- WHERE partition_id = $1
-   AND consumer_group = $2
-   AND lease_id = $3
-   AND lease_expires_at IS NOT NULL";
-
-/// Releases, at shutdown, every lease claimed ahead that no pop took (by lease id: a claim
-/// whose task stopped with the server's workers was never booked, but its statement, run by the
-/// claim group, may have committed).
-const RELEASE_ALL_SQL: &str = "
 UPDATE queen.partition_consumers
    SET lease_expires_at = NULL,
        attention_at = now()
@@ -184,7 +174,7 @@ impl AheadLeases {
         if leases.is_empty() {
             return;
         }
-        match sqlx::query(RELEASE_ALL_SQL)
+        match sqlx::query(RELEASE_SQL)
             .bind(&leases)
             .execute(self.claims.pool())
             .await
@@ -331,9 +321,7 @@ impl AheadLeases {
         key: &WakeKey,
     ) {
         let done = sqlx::query(RELEASE_SQL)
-            .bind(partition_id)
-            .bind(group)
-            .bind(lease)
+            .bind([lease].as_slice())
             .execute(self.claims.pool())
             .await;
         match done {

@@ -44,6 +44,15 @@ struct Waiting {
 }
 
 impl Waiting {
+    /// The oldest hand-off, counted, unless none waits or the one-statement pop is due.
+    fn in_turn(&mut self) -> Option<i64> {
+        if self.list.is_empty() || self.taken + 1 >= ONE_STATEMENT_EVERY {
+            return None;
+        }
+        self.taken += 1;
+        self.list.pop_front()
+    }
+
     /// Adds the partition at the back, unless it waits already or the list is full.
     fn add(&mut self, partition_id: i64) {
         if self.list.len() < MAX_PER_GROUP && !self.list.contains(&partition_id) {
@@ -81,12 +90,11 @@ impl Handoffs {
             return None;
         }
         let waiting = by_queue.get_mut(queue)?.get_mut(group)?;
-        if waiting.list.is_empty() || waiting.taken + 1 >= ONE_STATEMENT_EVERY {
+        let next = waiting.in_turn();
+        if next.is_none() {
             waiting.taken = 0;
-            return None;
         }
-        waiting.taken += 1;
-        waiting.list.pop_front()
+        next
     }
 
     /// The partition of the oldest hand-off of `(queue, group)` for a lease claimed ahead of
@@ -94,12 +102,7 @@ impl Handoffs {
     /// one-statement pop is due (which is left to the next pop: its turn is not spent here).
     pub fn next_ahead(&self, queue: &str, group: &str) -> Option<i64> {
         let mut by_queue = self.by_queue.lock().expect("hand-offs lock poisoned");
-        let waiting = by_queue.get_mut(queue)?.get_mut(group)?;
-        if waiting.list.is_empty() || waiting.taken + 1 >= ONE_STATEMENT_EVERY {
-            return None;
-        }
-        waiting.taken += 1;
-        waiting.list.pop_front()
+        by_queue.get_mut(queue)?.get_mut(group)?.in_turn()
     }
 
     /// The partition of the oldest hand-off of `(queue, group)`, whether or not the
