@@ -475,21 +475,47 @@ impl Metrics {
         self.pop_messages.inc_by(messages);
     }
 
-    /// The outcome of each ack of a request.
+    /// The outcome of each ack of a request: counted per (status, result) first, then added
+    /// once per label pair (a batch carries hundreds of acks).
     pub fn acked(&self, acks: &[Ack], outcomes: &[AckOutcome]) {
         if !self.enabled {
             return;
         }
-        for outcome in outcomes {
-            let status = match acks.get(outcome.index).map(|a| a.status) {
-                Some(AckStatus::Completed) => "completed",
-                Some(AckStatus::Failed) => "failed",
-                Some(AckStatus::Dlq) => "dlq",
-                Some(AckStatus::Retry) => "retry",
-                Some(AckStatus::Unknown) | None => "other",
+        self.count_acks(
+            outcomes
+                .iter()
+                .map(|o| (acks.get(o.index).map(|a| a.status), o.success)),
+        );
+    }
+
+    /// `n` acks of status `completed`, every one applied (the fast path's answer).
+    pub fn acked_completed(&self, n: usize) {
+        if self.enabled {
+            self.acks
+                .with_label_values(&["completed", "success"])
+                .inc_by(n as u64);
+        }
+    }
+
+    fn count_acks(&self, outcomes: impl Iterator<Item = (Option<AckStatus>, bool)>) {
+        const STATUSES: [&str; 5] = ["completed", "failed", "dlq", "retry", "other"];
+        let mut counts = [[0u64; 2]; 5];
+        for (status, success) in outcomes {
+            let s = match status {
+                Some(AckStatus::Completed) => 0,
+                Some(AckStatus::Failed) => 1,
+                Some(AckStatus::Dlq) => 2,
+                Some(AckStatus::Retry) => 3,
+                Some(AckStatus::Unknown) | None => 4,
             };
-            let result = if outcome.success { "success" } else { "error" };
-            self.acks.with_label_values(&[status, result]).inc();
+            counts[s][usize::from(!success)] += 1;
+        }
+        for (status, [ok, err]) in STATUSES.iter().zip(counts) {
+            for (result, n) in [("success", ok), ("error", err)] {
+                if n > 0 {
+                    self.acks.with_label_values(&[status, result]).inc_by(n);
+                }
+            }
         }
     }
 

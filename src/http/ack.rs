@@ -2,16 +2,29 @@
 //! every ack in one transaction (`storage::acks`), answer one result per ack. Business
 //! failures are `success: false` items under 200; only a malformed request is a 400.
 
+use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
 
 use crate::http::body::read_body;
 use crate::http::error::{with_db, ApiError};
-use crate::protocol::ack::{WireAck, WireOutcome};
+use crate::protocol::ack::{completed_answer, WireAck, WireOutcome};
 use crate::state::AppState;
-use crate::storage::acks::{self, Ack, AckMode};
+use crate::storage::acks::{self, Ack, AckMode, AckOutcome};
+
+/// What answers an ack request.
+enum Answer {
+    /// Every ack was applied by the grouped statement: the answer is written from the acks.
+    Completed {
+        queue: std::sync::Arc<str>,
+        partition: std::sync::Arc<str>,
+        released: bool,
+    },
+    /// The general path's outcomes.
+    Outcomes(Vec<AckOutcome>),
+}
 
 async fn apply(state: &AppState, list: Vec<Ack>) -> Result<HttpResponse, ApiError> {
-    let outcomes = with_db(state, async {
+    let answer = with_db(state, async {
         // The common ack joins the others waiting to be committed together.
         if let Some(plan) = acks::plan_completed_fast(&state.cache, &list)? {
             let (lease, partition, partition_id) =
@@ -36,24 +49,37 @@ async fn apply(state: &AppState, list: Vec<Ack>) -> Result<HttpResponse, ApiErro
                         .offer(&plan.queue, &list[0].group, partition_id);
                     state.wake.wake(&plan.queue, &plan.partition);
                 }
-                return Ok(acks::fast_outcomes(
-                    &list,
-                    &plan.queue,
-                    &plan.partition,
-                    applied.released,
-                ));
+                return Ok(Answer::Completed {
+                    queue: plan.queue,
+                    partition: plan.partition,
+                    released: applied.released,
+                });
             }
         }
         let mut conn = state.pool.acquire().await?;
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         let outcomes = acks::apply(&mut tx, &state.cache, &list, AckMode::Consume).await?;
         tx.commit().await?;
-        Ok(outcomes)
+        Ok(Answer::Outcomes(outcomes))
     })
     .await?;
-    state.metrics.acked(&list, &outcomes);
-    let body: Vec<WireOutcome> = outcomes.iter().map(WireOutcome::from).collect();
-    Ok(HttpResponse::Ok().json(body))
+    match answer {
+        Answer::Completed {
+            queue,
+            partition,
+            released,
+        } => {
+            state.metrics.acked_completed(list.len());
+            Ok(HttpResponse::Ok()
+                .insert_header((header::CONTENT_TYPE, "application/json"))
+                .body(completed_answer(&list, &queue, &partition, released)))
+        }
+        Answer::Outcomes(outcomes) => {
+            state.metrics.acked(&list, &outcomes);
+            let body: Vec<WireOutcome> = outcomes.iter().map(WireOutcome::from).collect();
+            Ok(HttpResponse::Ok().json(body))
+        }
+    }
 }
 
 /// `POST /api/v1/ack`.

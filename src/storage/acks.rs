@@ -546,26 +546,3 @@ pub struct FastAck {
     /// End of the leased range (exclusive).
     pub to: i64,
 }
-
-/// The answers of a request whose fast plan was applied (`released`: the lease ended with it).
-pub fn fast_outcomes(
-    acks: &[Ack],
-    queue: &str,
-    partition: &str,
-    released: bool,
-) -> Vec<AckOutcome> {
-    let last = acks.len().saturating_sub(1);
-    acks.iter()
-        .enumerate()
-        .map(|(n, a)| AckOutcome {
-            index: a.index,
-            transaction_id: a.transaction_id.clone(),
-            success: true,
-            error: None,
-            queue_name: Some(queue.to_string()),
-            partition_name: Some(partition.to_string()),
-            lease_released: released && n == last,
-            dlq: false,
-        })
-        .collect()
-}

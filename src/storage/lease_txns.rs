@@ -23,15 +23,19 @@ impl LeaseTxns {
     /// two messages share an id (the ack then reads the segments, which resolve such an id to
     /// its first offset) or the ids do not fit the index.
     pub fn new<'a>(delivered: impl Iterator<Item = (i64, &'a str)>) -> Option<Self> {
+        let (n, _) = delivered.size_hint();
         let mut txns = Self {
             text: String::new(),
-            ends: Vec::new(),
-            offsets: Vec::new(),
+            ends: Vec::with_capacity(n),
+            offsets: Vec::with_capacity(n),
         };
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = std::collections::HashSet::with_capacity(n);
         for (offset, id) in delivered {
             if !seen.insert(id) {
                 return None;
+            }
+            if txns.text.is_empty() {
+                txns.text.reserve(id.len() * n.max(1));
             }
             txns.text.push_str(id);
             txns.ends.push(u32::try_from(txns.text.len()).ok()?);
@@ -83,6 +87,16 @@ mod tests {
     #[test]
     fn a_shared_id_gives_no_index() {
         assert!(LeaseTxns::new([(0, "x"), (1, "y"), (2, "x")].into_iter()).is_none());
+        // Far apart among many distinct ids, still found.
+        let ids: Vec<String> = (0..300).map(|n| format!("txn-{n}")).collect();
+        let mut delivered: Vec<(i64, &str)> = ids
+            .iter()
+            .enumerate()
+            .map(|(n, id)| (n as i64, id.as_str()))
+            .collect();
+        assert!(LeaseTxns::new(delivered.iter().copied()).is_some());
+        delivered.push((300, "txn-7"));
+        assert!(LeaseTxns::new(delivered.iter().copied()).is_none());
         let empty = LeaseTxns::new(std::iter::empty()).expect("index");
         assert_eq!(empty.find("x", 0), None);
     }

@@ -83,6 +83,34 @@ async fn counters_move_by_exactly_what_a_known_sequence_produces() {
         ack_one(&app, &list[2], "failed", None).await["success"],
         true
     );
+    // Partition b's two messages acked by one batch (counted as two), then a batch naming a
+    // message that is not there (an error outcome).
+    let popped = pop_partition(&app, "obs", "b", "batch=2").await;
+    let b = messages(&popped);
+    assert_eq!(b.len(), 2, "{:?}", popped.body);
+    let each = |m: &Value, txn: &Value| {
+        json!({ "transactionId": txn, "partitionId": m["partitionId"], "leaseId": m["leaseId"],
+                "status": "completed" })
+    };
+    let batch: Vec<Value> = b.iter().map(|m| each(m, &m["transactionId"])).collect();
+    let r = app
+        .post("/api/v1/ack/batch", &json!({ "acknowledgments": batch }))
+        .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert!(
+        r.body
+            .as_array()
+            .is_some_and(|a| a.len() == 2 && a.iter().all(|o| o["success"] == true)),
+        "{:?}",
+        r.body
+    );
+    let r = app
+        .post(
+            "/api/v1/ack/batch",
+            &json!({ "acknowledgments": [each(&b[0], &json!("nope"))] }),
+        )
+        .await;
+    assert_eq!(r.body[0]["success"], false, "{:?}", r.body);
     // An empty pop of another queue.
     assert_eq!(pop(&app, "obs-empty", "").await.status, 204);
 
@@ -100,13 +128,20 @@ async fn counters_move_by_exactly_what_a_known_sequence_produces() {
         s("queen_push_messages_total", &[("verdict", "failed")]),
         0.0
     );
-    assert_eq!(s("queen_pop_messages_total", &[]), 3.0);
+    assert_eq!(s("queen_pop_messages_total", &[]), 5.0);
     assert_eq!(
         s(
             "queen_ack_total",
             &[("status", "completed"), ("result", "success")]
         ),
-        2.0
+        4.0
+    );
+    assert_eq!(
+        s(
+            "queen_ack_total",
+            &[("status", "completed"), ("result", "error")]
+        ),
+        1.0
     );
     assert_eq!(
         s(
@@ -130,7 +165,7 @@ async fn counters_move_by_exactly_what_a_known_sequence_produces() {
             "GET",
             "2xx"
         ),
-        1.0
+        2.0
     );
     assert_eq!(http("/api/v1/pop/queue/{queue}", "GET", "2xx"), 1.0);
     // The first scrape is counted; this one is not yet.
@@ -147,14 +182,14 @@ async fn counters_move_by_exactly_what_a_known_sequence_produces() {
     );
     assert_eq!(s("queen_commit_batch_partitions_count", &[]), commits);
     assert_eq!(s("queen_commit_batch_partitions_sum", &[]), 3.0);
-    assert_eq!(s("queen_pop_message_age_seconds_count", &[]), 3.0);
+    assert_eq!(s("queen_pop_message_age_seconds_count", &[]), 5.0);
     assert!(s("queen_pop_message_age_seconds_sum", &[]) > 0.0);
     assert_eq!(
         s(
             "queen_pop_duration_seconds_count",
             &[("result", "messages")]
         ),
-        1.0
+        2.0
     );
     assert_eq!(
         s("queen_pop_duration_seconds_count", &[("result", "empty")]),
@@ -191,10 +226,12 @@ async fn counters_move_by_exactly_what_a_known_sequence_produces() {
     let j = app.get("/metrics").await;
     assert_eq!(j.status, 200);
     assert_eq!(j.body["messages"]["total"], 5, "{}", j.body);
-    assert_eq!(j.body["messages"]["popped"], 3, "{}", j.body);
-    assert_eq!(j.body["messages"]["acked"], 3, "{}", j.body);
-    // 2 pushes, 3 acks, 2 pops, 2 scrapes answered before this request was counted.
-    assert_eq!(j.body["requests"]["total"], 9, "{}", j.body);
+    assert_eq!(j.body["messages"]["popped"], 5, "{}", j.body);
+    // Every ack outcome, the one that was not applied too.
+    assert_eq!(j.body["messages"]["acked"], 6, "{}", j.body);
+    // 2 pushes, 3 acks, 2 ack batches, 3 pops, 2 scrapes answered before this request was
+    // counted.
+    assert_eq!(j.body["requests"]["total"], 12, "{}", j.body);
     assert!(j.body["memory"]["rss"].as_u64().unwrap() > 0, "{}", j.body);
 }
 
