@@ -87,6 +87,8 @@ pub struct Gauges {
     /// Leases claimed ahead of a consumer's next pop since start: claimed, taken by a pop,
     /// released unused (`storage::ahead`).
     pub leases_ahead: [u64; 3],
+    /// Segments pops took from the segment cache and read from PostgreSQL since start.
+    pub cache_reads: [u64; 2],
     /// Request bytes held by the write path.
     pub inflight_bytes: usize,
     /// Items handed to committers and not yet committed.
@@ -115,6 +117,7 @@ struct GaugeSet {
     database_host: IntGaugeVec,
     database_switches: IntCounter,
     leases_ahead: IntCounterVec,
+    cache_reads: IntCounterVec,
     inflight_bytes: IntGauge,
     commit_backlog: IntGauge,
     leases: IntGaugeVec,
@@ -395,6 +398,12 @@ impl Metrics {
                 "leases claimed ahead of a consumer's next pop while its ack committed (QUEEN_POP_AHEAD_MS)",
                 &["outcome"],
             ),
+            cache_reads: counter_vec(
+                &r,
+                "queen_segment_cache_reads_total",
+                "segments pops took from the segment cache (hit) or read from PostgreSQL (miss)",
+                &["result"],
+            ),
             inflight_bytes: gauge(
                 &r,
                 "queen_inflight_bytes",
@@ -584,6 +593,9 @@ impl Metrics {
         {
             catch_up(&set.leases_ahead.with_label_values(&[outcome]), total);
         }
+        for (result, total) in ["hit", "miss"].into_iter().zip(g.cache_reads) {
+            catch_up(&set.cache_reads.with_label_values(&[result]), total);
+        }
         if !g.database_host.is_empty() {
             set.database_host.reset();
             set.database_host
@@ -763,6 +775,7 @@ mod tests {
             claim_pool_size: 2,
             claim_pool_idle: 1,
             leases_ahead: [7, 5, 2],
+            cache_reads: [30, 4],
             ..Gauges::default()
         };
         let text = String::from_utf8(m.prometheus_text(&g).unwrap()).unwrap();
@@ -782,6 +795,8 @@ mod tests {
             "queen_db_pool_active{pool=\"claims\"} 1",
             "queen_pop_leases_ahead_total{outcome=\"taken\"} 5",
             "queen_pop_leases_ahead_total{outcome=\"released\"} 2",
+            "queen_segment_cache_reads_total{result=\"hit\"} 30",
+            "queen_segment_cache_reads_total{result=\"miss\"} 4",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

@@ -65,6 +65,10 @@ fn gauges(state: &AppState) -> Gauges {
             let c = state.ahead.counts();
             [c.claimed, c.taken, c.released]
         },
+        cache_reads: {
+            let r = state.cache.reads();
+            [r.hits, r.misses]
+        },
         inflight_bytes: crate::state::inflight_bytes(state),
         commit_backlog: state.committers.backlog(),
         leases: None,

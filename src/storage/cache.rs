@@ -24,6 +24,7 @@
 //! range are still what was remembered, and the general path runs whenever they are not.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::storage::lease_txns::LeaseTxns;
@@ -161,6 +162,17 @@ pub struct SegmentCache {
     popped: Mutex<HashMap<Arc<str>, std::time::Instant>>,
     inner: Mutex<Inner>,
     leases: Mutex<Leases>,
+    /// Segments pops took from here since start, and segments they read from PostgreSQL.
+    reads: [AtomicU64; 2],
+}
+
+/// How many segments pops took from the cache (`hits`) and read from PostgreSQL (`misses`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheReads {
+    /// Segments served from the cache.
+    pub hits: u64,
+    /// Segments read from PostgreSQL (kept afterwards when they fit).
+    pub misses: u64,
 }
 
 impl SegmentCache {
@@ -175,7 +187,22 @@ impl SegmentCache {
             popped: Mutex::default(),
             inner: Mutex::new(Inner::default()),
             leases: Mutex::new(Leases::default()),
+            reads: [AtomicU64::new(0), AtomicU64::new(0)],
         }
+    }
+
+    /// Segments pops took from the cache and read from PostgreSQL since start.
+    pub fn reads(&self) -> CacheReads {
+        CacheReads {
+            hits: self.reads[0].load(Ordering::Relaxed),
+            misses: self.reads[1].load(Ordering::Relaxed),
+        }
+    }
+
+    /// Counts a held segment a pop used instead of reading it (found by
+    /// [`SegmentCache::from_offset`]; [`SegmentCache::get`] counts its own).
+    pub fn count_hit(&self) {
+        self.reads[0].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Keeps a committed segment (the caller checked [`SegmentCache::consumed_queues`]).
@@ -215,7 +242,7 @@ impl SegmentCache {
             .collect()
     }
 
-    /// Keeps a segment just read from PostgreSQL and hands it back, shared.
+    /// Keeps a segment a pop just read from PostgreSQL (a miss) and hands it back, shared.
     pub fn insert_read(
         &self,
         partition_id: i64,
@@ -223,6 +250,7 @@ impl SegmentCache {
         count: i64,
         frames: Vec<u8>,
     ) -> Arc<CachedSegment> {
+        self.reads[1].fetch_add(1, Ordering::Relaxed);
         self.keep(partition_id, base_offset, count, frames, None)
     }
 
@@ -318,14 +346,16 @@ impl SegmentCache {
         inner.held_run(partition_id)
     }
 
-    /// One cached segment.
+    /// One cached segment, for a pop (counted as a hit when held).
     pub fn get(&self, partition_id: i64, base_offset: i64) -> Option<Arc<CachedSegment>> {
         let inner = self.inner.lock().expect("segment cache lock poisoned");
-        inner
+        let seg = inner
             .by_partition
             .get(&partition_id)?
             .get(&base_offset)
-            .cloned()
+            .cloned()?;
+        self.count_hit();
+        Some(seg)
     }
 
     /// Remembers that `lease` covers `range` of the partition with wire id `partition`.
@@ -563,6 +593,27 @@ mod tests {
         assert!(cache.get(7, 10).is_some());
         assert!(cache.get(7, 30).is_some());
         assert_eq!(cache.bytes(), 3 * (100 + OVERHEAD));
+    }
+
+    #[test]
+    fn pops_count_what_they_took_from_the_cache_and_what_they_read() {
+        let cache = SegmentCache::new(1 << 20);
+        cache.insert(1, 0, 10, vec![0]);
+        assert_eq!(
+            cache.reads(),
+            CacheReads::default(),
+            "keeping a commit is no read"
+        );
+        assert!(cache.get(1, 0).is_some());
+        assert!(cache.get(1, 10).is_none());
+        cache.insert_read(1, 10, 10, vec![1]);
+        cache.count_hit();
+        // Off, every read is a miss and nothing is held.
+        let off = SegmentCache::new(0);
+        off.insert_read(1, 0, 10, vec![0]);
+        assert!(off.get(1, 0).is_none());
+        assert_eq!(cache.reads(), CacheReads { hits: 2, misses: 1 });
+        assert_eq!(off.reads(), CacheReads { hits: 0, misses: 1 });
     }
 
     #[test]

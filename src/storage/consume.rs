@@ -1657,7 +1657,10 @@ fn sent_or_held(
         None => held
             .iter()
             .find(|s| s.base_offset == base)
-            .cloned()
+            .map(|s| {
+                cache.count_hit();
+                s.clone()
+            })
             .ok_or_else(|| {
                 StorageError::Inconsistent(format!(
                     "partition {partition_id}: segment {base} was neither sent nor cached"

@@ -4,7 +4,8 @@
 //! delivered from the cache, data written by another broker is read and served correctly, a
 //! lease that ran out while its messages are cached is redelivered and its old lease refused,
 //! the one-statement ack agrees with the general path, and it finds its messages by the
-//! transaction ids the pop recorded when no segment is cached.
+//! transaction ids the pop recorded when no segment is cached; pops count what they took from
+//! the cache and what they read.
 
 use crate::support::consuming::*;
 use crate::support::{fresh_db, spawn_app, spawn_app_with, test_settings, Reply, TestApp, TestDb};
@@ -111,6 +112,47 @@ async fn lease_runs_out(cache_bytes: &str, segments_held: bool) {
     assert!(all_succeeded(&acked), "{acked}");
     assert_eq!(consumer_state(&db).await["committed"], 4);
     assert_eq!(pop(&app, "q", "batch=4").await.status, 204);
+}
+
+#[actix_web::test]
+async fn pops_count_the_segments_they_took_from_the_cache_and_those_they_read() {
+    let db = fresh_db().await;
+    let writer = spawn_app(&db).await;
+    let reader = spawn_app(&db).await;
+    assert_eq!(pop(&writer, "q", "batch=10").await.status, 204);
+    push_n(&writer, "q", "p", 0, 5).await;
+
+    // The writer kept the segment when it committed it: its pop takes it from memory.
+    let reply = pop(&writer, "q", "batch=2").await;
+    assert_eq!(ns(&reply), vec![0, 1]);
+    assert!(all_succeeded(
+        &ack_all(&writer, &reply, "completed", None).await
+    ));
+    let w = writer.broker.state.cache.reads();
+    assert!(w.hits >= 1 && w.misses == 0, "{w:?}");
+
+    // The reader never saw it: its first pop reads it from PostgreSQL, its next one (of the
+    // rest of the same segment) takes the copy it kept.
+    let reply = pop(&reader, "q", "batch=2").await;
+    assert_eq!(ns(&reply), vec![2, 3]);
+    assert!(all_succeeded(
+        &ack_all(&reader, &reply, "completed", None).await
+    ));
+    let first = reader.broker.state.cache.reads();
+    assert!(first.misses >= 1 && first.hits == 0, "{first:?}");
+    let reply = pop(&reader, "q", "batch=2").await;
+    assert_eq!(ns(&reply), vec![4]);
+    let next = reader.broker.state.cache.reads();
+    assert_eq!(next.misses, first.misses, "{next:?}");
+    assert!(next.hits >= 1, "{next:?}");
+
+    // The scrape reports the same counts.
+    let (status, text) = reader.get_text("/metrics/prometheus").await;
+    assert_eq!(status, 200);
+    for (result, n) in [("hit", next.hits), ("miss", next.misses)] {
+        let line = format!("queen_segment_cache_reads_total{{result=\"{result}\"}} {n}");
+        assert!(text.contains(&line), "missing {line:?}");
+    }
 }
 
 #[actix_web::test]
