@@ -500,9 +500,7 @@ impl Metrics {
     /// `n` acks of status `completed`, every one applied (the fast path's answer).
     pub fn acked_completed(&self, n: usize) {
         if self.enabled {
-            self.acks
-                .with_label_values(&["completed", "success"])
-                .inc_by(n as u64);
+            self.count_acks(std::iter::repeat_n((Some(AckStatus::Completed), true), n));
         }
     }
 

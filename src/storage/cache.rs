@@ -162,8 +162,10 @@ pub struct SegmentCache {
     popped: Mutex<HashMap<Arc<str>, std::time::Instant>>,
     inner: Mutex<Inner>,
     leases: Mutex<Leases>,
-    /// Segments pops took from here since start, and segments they read from PostgreSQL.
-    reads: [AtomicU64; 2],
+    /// Segments pops took from here since start.
+    hits: AtomicU64,
+    /// Segments pops read from PostgreSQL since start.
+    misses: AtomicU64,
 }
 
 /// How many segments pops took from the cache (`hits`) and read from PostgreSQL (`misses`).
@@ -187,22 +189,23 @@ impl SegmentCache {
             popped: Mutex::default(),
             inner: Mutex::new(Inner::default()),
             leases: Mutex::new(Leases::default()),
-            reads: [AtomicU64::new(0), AtomicU64::new(0)],
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
         }
     }
 
     /// Segments pops took from the cache and read from PostgreSQL since start.
     pub fn reads(&self) -> CacheReads {
         CacheReads {
-            hits: self.reads[0].load(Ordering::Relaxed),
-            misses: self.reads[1].load(Ordering::Relaxed),
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
         }
     }
 
     /// Counts a held segment a pop used instead of reading it (found by
     /// [`SegmentCache::from_offset`]; [`SegmentCache::get`] counts its own).
     pub fn count_hit(&self) {
-        self.reads[0].fetch_add(1, Ordering::Relaxed);
+        self.hits.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Keeps a committed segment (the caller checked [`SegmentCache::consumed_queues`]).
@@ -250,7 +253,7 @@ impl SegmentCache {
         count: i64,
         frames: Vec<u8>,
     ) -> Arc<CachedSegment> {
-        self.reads[1].fetch_add(1, Ordering::Relaxed);
+        self.misses.fetch_add(1, Ordering::Relaxed);
         self.keep(partition_id, base_offset, count, frames, None)
     }
 
