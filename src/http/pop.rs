@@ -22,6 +22,7 @@ use crate::protocol::time::push_micros_iso;
 use crate::settings::Settings;
 use crate::state::AppState;
 use crate::storage::cache::WOKEN_FULL_POP_EVERY;
+use crate::storage::conns::LazyConn;
 use crate::storage::consume::{self, Delivery, PopRequest, Popped, SubscriptionStart, QUEUE_MODE};
 use crate::storage::crypto::{self, PayloadKey};
 use crate::storage::frames::Frame;
@@ -186,7 +187,9 @@ async fn serve(
             } else {
                 &state.lease_pool
             };
-            let mut conn = pool.acquire().await?;
+            // Taken only if the pop runs a statement: one served by a lease claimed ahead or a
+            // grouped hand-off claim touches no pool.
+            let mut conn = LazyConn::new(pool);
             let (queue, partition) = match &source {
                 Source::Queue(q) => (q.as_str(), None),
                 Source::Partition(q, p) => (q.as_str(), Some(p.as_str())),

@@ -22,7 +22,8 @@ use tokio::sync::{mpsc, oneshot, Mutex};
 use uuid::Uuid;
 
 use crate::storage::acks::FastAck;
-use crate::storage::grouping::{next_group, one_per_row, Job, Queue, RowKey};
+use crate::storage::conns::KeptConn;
+use crate::storage::grouping::{next_group_keeping, one_per_row, Job, Queue, RowKey};
 
 impl RowKey for FastAck {
     fn row(&self) -> (i64, &str) {
@@ -106,18 +107,20 @@ impl AckGroup {
 
 /// One worker: takes the first waiting plan and every other one waiting with it, applies them.
 async fn work(pool: PgPool, queue: Queue<FastAck, Option<Applied>>) {
-    while let Some(group) = next_group(&queue, MAX_GROUP).await {
-        apply_group(&pool, group).await;
+    let mut conn = KeptConn::new(pool);
+    while let Some(group) = next_group_keeping(&queue, MAX_GROUP, &mut conn).await {
+        apply_group(&mut conn, group).await;
     }
 }
 
 /// Applies one group and answers every plan in it. A second plan for a row already in the group
 /// takes the general path, which decides it.
-async fn apply_group(pool: &PgPool, group: Vec<Job<FastAck, Option<Applied>>>) {
+async fn apply_group(conn: &mut KeptConn, group: Vec<Job<FastAck, Option<Applied>>>) {
     let (plans, waiting) = one_per_row(group, || None);
-    let applied = match run(pool, &plans).await {
+    let applied = match run(conn, &plans).await {
         Ok(applied) => applied,
         Err(e) => {
+            conn.discard();
             tracing::warn!(error = %e, acks = plans.len(),
                 "grouped ack statement failed; its acks take the general path");
             vec![None; plans.len()]
@@ -130,7 +133,7 @@ async fn apply_group(pool: &PgPool, group: Vec<Job<FastAck, Option<Applied>>>) {
 
 /// Runs [`GROUP_SQL`] for `plans`: per plan, in order, whether it was applied and if so what
 /// it did.
-async fn run(pool: &PgPool, plans: &[FastAck]) -> Result<Vec<Option<Applied>>, sqlx::Error> {
+async fn run(conn: &mut KeptConn, plans: &[FastAck]) -> Result<Vec<Option<Applied>>, sqlx::Error> {
     let pids: Vec<i64> = plans.iter().map(|p| p.partition_id).collect();
     let groups: Vec<&str> = plans.iter().map(|p| p.group.as_str()).collect();
     let leases: Vec<Uuid> = plans.iter().map(|p| p.lease).collect();
@@ -144,7 +147,7 @@ async fn run(pool: &PgPool, plans: &[FastAck]) -> Result<Vec<Option<Applied>>, s
         .bind(&froms)
         .bind(&ends)
         .bind(&tos)
-        .fetch_all(pool)
+        .fetch_all(conn.get().await?)
         .await?;
     let mut applied = vec![None; plans.len()];
     for (n, released, left_behind) in rows {

@@ -90,6 +90,10 @@ pub struct AheadLeases {
     released: AtomicU64,
     /// Claims sent and not yet answered.
     in_flight: AtomicUsize,
+    /// The same, by queue then group: a pop of a pair with a claim in flight waits for it.
+    claiming: Mutex<HashMap<String, HashMap<String, usize>>>,
+    /// Notified whenever a claim ahead is answered (booked or not).
+    landed: tokio::sync::Notify,
     /// Lease ids claimed (or being claimed) ahead that no pop took and none released yet.
     outstanding: Mutex<HashSet<Uuid>>,
     /// The broker is stopping: nothing more is claimed ahead, and what is claimed is released.
@@ -117,6 +121,8 @@ impl AheadLeases {
             taken: AtomicU64::new(0),
             released: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            claiming: Mutex::default(),
+            landed: tokio::sync::Notify::new(),
             outstanding: Mutex::default(),
             closed: AtomicBool::new(false),
         })
@@ -138,6 +144,14 @@ impl AheadLeases {
             return;
         };
         self.in_flight.fetch_add(1, Ordering::AcqRel);
+        *self
+            .claiming
+            .lock()
+            .expect("ahead claims lock poisoned")
+            .entry(queue.to_string())
+            .or_default()
+            .entry(group.to_string())
+            .or_default() += 1;
         let this = self.clone();
         let (queue, group) = (queue.to_string(), group.to_string());
         actix_web::rt::spawn(async move { this.claim(queue, group, partition_id, want).await });
@@ -152,6 +166,59 @@ impl AheadLeases {
         self.taken.fetch_add(1, Ordering::Relaxed);
         self.settled(ahead.lease);
         Some(ahead)
+    }
+
+    /// [`AheadLeases::take`], but when none waits while a claim ahead of the pair is still being
+    /// answered (an ack's claim runs while the ack's answer travels, so the consumer's next pop
+    /// can arrive first), waits for it, at most the hold.
+    pub async fn take_or_wait(&self, queue: &str, group: &str, want: usize) -> Option<Ahead> {
+        let deadline = std::time::Instant::now() + self.hold;
+        loop {
+            // Enabled before looking, so an answer landing in between still wakes this.
+            let landed = self.landed.notified();
+            tokio::pin!(landed);
+            landed.as_mut().enable();
+            if let Some(ahead) = self.take(queue, group, want) {
+                return Some(ahead);
+            }
+            if !self.claiming_for(queue, group) {
+                return None;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || tokio::time::timeout(left, landed).await.is_err() {
+                return self.take(queue, group, want);
+            }
+        }
+    }
+
+    /// Whether a claim ahead of `(queue, group)` is in flight.
+    fn claiming_for(&self, queue: &str, group: &str) -> bool {
+        self.claiming
+            .lock()
+            .expect("ahead claims lock poisoned")
+            .get(queue)
+            .and_then(|g| g.get(group))
+            .is_some_and(|n| *n > 0)
+    }
+
+    /// A claim ahead of `(queue, group)` was answered (its lease booked, or nothing claimed).
+    fn answered(&self, queue: &str, group: &str) {
+        {
+            let mut claiming = self.claiming.lock().expect("ahead claims lock poisoned");
+            if let Some(groups) = claiming.get_mut(queue) {
+                if let Some(n) = groups.get_mut(group) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        groups.remove(group);
+                    }
+                }
+                if groups.is_empty() {
+                    claiming.remove(queue);
+                }
+            }
+        }
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.landed.notify_waiters();
     }
 
     /// Releases every lease claimed ahead that no pop took, and claims nothing ahead from now
@@ -247,7 +314,7 @@ impl AheadLeases {
                     self.handoffs.offer(&queue, &group, partition_id);
                 }
                 self.settled(lease);
-                self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                self.answered(&queue, &group);
                 return;
             }
         };
@@ -256,7 +323,7 @@ impl AheadLeases {
             // The broker is stopping: no pop will take it.
             self.release(&queue, &group, partition_id, lease, &key)
                 .await;
-            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            self.answered(&queue, &group);
             return;
         }
         self.book
@@ -272,7 +339,7 @@ impl AheadLeases {
                 want,
                 rows,
             });
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.answered(&queue, &group);
         self.wake.wake_one(&key);
         tokio::time::sleep(self.hold).await;
         if self.remove(&queue, &group, lease) {

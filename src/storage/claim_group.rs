@@ -17,9 +17,11 @@
 //! group's statement fails, every claim in it is answered "run it yourself", and the pop runs
 //! the single statement on its own connection, which gives the error or the rows.
 //!
-//! The workers have a pool of their own (as many connections as workers, asynchronous commit
-//! like every lease): a pop holds a connection of the lease pool while it waits for its claim,
-//! so a worker taking from that pool could wait for the very connections its claims hold.
+//! The workers have a pool of their own (one connection per worker, which it keeps between
+//! statements, and one for releasing leases claimed ahead; asynchronous commit like every
+//! lease): a pop that already ran a statement holds a connection of the lease pool while it
+//! waits for its claim, so a worker taking from that pool could wait for the very connections
+//! its claims hold.
 
 use std::sync::Arc;
 
@@ -27,8 +29,9 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, Mutex};
 use uuid::Uuid;
 
+use crate::storage::conns::KeptConn;
 use crate::storage::consume::{claimed_deleted, claimed_segments, ReadyRow};
-use crate::storage::grouping::{next_group, one_per_row, Job, Queue, RowKey};
+use crate::storage::grouping::{next_group_keeping, one_per_row, Job, Queue, RowKey};
 
 impl RowKey for ClaimJob {
     fn row(&self) -> (i64, &str) {
@@ -167,22 +170,24 @@ impl ClaimGroup {
 
 /// One worker: takes the first waiting claim and every other one waiting with it, runs them.
 async fn work(pool: PgPool, owner: Arc<str>, queue: Queue<ClaimJob, Reply>) {
-    while let Some(group) = next_group(&queue, MAX_GROUP).await {
-        run_group(&pool, &owner, group).await;
+    let mut conn = KeptConn::new(pool);
+    while let Some(group) = next_group_keeping(&queue, MAX_GROUP, &mut conn).await {
+        run_group(&mut conn, &owner, group).await;
     }
 }
 
 /// Runs one group and answers every claim in it. A second claim of a row already in the group
 /// claims nothing.
-async fn run_group(pool: &PgPool, owner: &str, group: Vec<Job<ClaimJob, Reply>>) {
+async fn run_group(conn: &mut KeptConn, owner: &str, group: Vec<Job<ClaimJob, Reply>>) {
     let (jobs, waiting) = one_per_row(group, || Some(Vec::new()));
-    match run(pool, owner, &jobs).await {
+    match run(conn, owner, &jobs).await {
         Ok(rows) => {
             for (reply, rows) in waiting.into_iter().zip(rows) {
                 let _ = reply.send(Some(rows));
             }
         }
         Err(e) => {
+            conn.discard();
             tracing::warn!(error = %e, claims = jobs.len(),
                 "grouped hand-off claim failed; each pop runs its claim itself");
             for reply in waiting {
@@ -194,7 +199,7 @@ async fn run_group(pool: &PgPool, owner: &str, group: Vec<Job<ClaimJob, Reply>>)
 
 /// Runs [`GROUP_SQL`] for `jobs`: per claim, in order, its rows.
 async fn run(
-    pool: &PgPool,
+    conn: &mut KeptConn,
     owner: &str,
     jobs: &[ClaimJob],
 ) -> Result<Vec<Vec<ReadyRow>>, sqlx::Error> {
@@ -214,7 +219,7 @@ async fn run(
         .bind(&held_from)
         .bind(&held_to)
         .bind(owner)
-        .fetch_all(pool)
+        .fetch_all(conn.get().await?)
         .await?;
     let mut out: Vec<Vec<ReadyRow>> = jobs.iter().map(|_| Vec::new()).collect();
     for r in rows {

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use crate::storage::ahead::{Ahead, AheadLeases};
 use crate::storage::cache::{CachedSegment, LeasedRange, SegmentCache};
 use crate::storage::claim_group::{ClaimGroup, ClaimJob};
+use crate::storage::conns::LazyConn;
 use crate::storage::error::StorageError;
 use crate::storage::frames::{self, Frame, FrameError};
 use crate::storage::handoff::Handoffs;
@@ -219,7 +220,7 @@ enum Take {
 ///
 /// Any database error, or a segment that does not decode.
 pub async fn pop(
-    conn: &mut PgConnection,
+    conn: &mut LazyConn<'_>,
     req: &PopRequest<'_>,
 ) -> Result<Option<Popped>, StorageError> {
     // The one-statement pop claims only partitions the group already has a row for, and under
@@ -230,7 +231,11 @@ pub async fn pop(
     // A lease claimed for this group while an ack committed is delivered first: it is held
     // for the next pop, and released again if none takes it.
     if req.partition.is_none() && !req.auto_ack {
-        if let Some(ahead) = req.ahead.take(req.queue, req.group, req.batch.max(1)) {
+        let ahead = req
+            .ahead
+            .take_or_wait(req.queue, req.group, req.batch.max(1))
+            .await;
+        if let Some(ahead) = ahead {
             if let Some(popped) = pop_ready(conn, req, Some(ahead)).await? {
                 return Ok(Some(popped));
             }
@@ -258,6 +263,7 @@ pub async fn pop(
             return Ok(None);
         }
     }
+    let conn = conn.get().await?;
     let Some((queue, sub)) = open(conn, req.queue, req.group, &req.start).await? else {
         return Ok(None);
     };
@@ -271,7 +277,7 @@ pub async fn pop(
 ///
 /// Any database error.
 pub async fn pop_matching(
-    conn: &mut PgConnection,
+    conn: &mut LazyConn<'_>,
     namespace: Option<&str>,
     task: Option<&str>,
     req: &PopRequest<'_>,
@@ -285,7 +291,7 @@ pub async fn pop_matching(
     )
     .bind(namespace)
     .bind(task)
-    .fetch_all(&mut *conn)
+    .fetch_all(conn.get().await?)
     .await?;
     for name in names {
         let one = PopRequest {
@@ -379,7 +385,7 @@ const HANDOFF_TRIES: usize = 2;
 /// claimed nothing (the caller then runs the full pop). A lease claimed `ahead` is delivered
 /// first, as if this pop had claimed it (its lease id is the pop's).
 async fn pop_ready(
-    conn: &mut PgConnection,
+    conn: &mut LazyConn<'_>,
     req: &PopRequest<'_>,
     ahead: Option<Ahead>,
 ) -> Result<Option<Popped>, StorageError> {
@@ -491,7 +497,7 @@ async fn pop_ready(
 /// One claim of [`pop_ready`]: the hand-off `handoff` (grouped with concurrent pops' claims,
 /// or alone when the group's statement failed), or the one-statement pop when none is named.
 async fn claim(
-    conn: &mut PgConnection,
+    conn: &mut LazyConn<'_>,
     req: &PopRequest<'_>,
     lease_id: Uuid,
     remaining: usize,
@@ -502,7 +508,7 @@ async fn claim(
         let held =
             all_held.get_or_insert_with(|| req.cache.held_runs(HELD_PARTITIONS).into_iter().into());
         return Ok(ready_statement(READY_SQL, req, lease_id, remaining, held)
-            .fetch_all(&mut *conn)
+            .fetch_all(conn.get().await?)
             .await?);
     };
     // A hand-off names its partition: only that one's held run is sent.
@@ -522,7 +528,7 @@ async fn claim(
     Ok(
         ready_statement(HANDOFF_SQL, req, lease_id, remaining, &held)
             .bind(partition_id)
-            .fetch_all(&mut *conn)
+            .fetch_all(conn.get().await?)
             .await?,
     )
 }
@@ -1275,7 +1281,7 @@ impl Collect<'_, '_> {
             }
         };
         self.deliver(
-            conn,
+            &mut LazyConn::Held(conn),
             Claimed {
                 partition_id: row.id,
                 uuid: row.uuid,
@@ -1296,7 +1302,7 @@ impl Collect<'_, '_> {
     /// when the claim returned none), releases an empty claim, and records the delivery.
     async fn deliver(
         &mut self,
-        conn: &mut PgConnection,
+        conn: &mut LazyConn<'_>,
         claim: Claimed,
     ) -> Result<Take, StorageError> {
         let Claimed {
@@ -1321,7 +1327,7 @@ impl Collect<'_, '_> {
         if want > 0 && segments.is_empty() {
             // First contact, or retention removed the whole range: read what is there.
             (segments, first) = read_range(
-                conn,
+                conn.get().await?,
                 self.req.cache,
                 partition_id,
                 committed,
@@ -1376,7 +1382,8 @@ impl Collect<'_, '_> {
             // Every counted message was deleted: the group moves past them (nobody may ack a
             // message it was never handed), and the pop goes on elsewhere.
             let end = first + count as i64;
-            self.release_empty(conn, partition_id, None, end).await?;
+            self.release_empty(conn.get().await?, partition_id, None, end)
+                .await?;
             return Ok(Take::Empty);
         }
         if let Some((a, b)) = shown {
@@ -1385,14 +1392,15 @@ impl Collect<'_, '_> {
         }
 
         if count == 0 {
-            self.release_empty(conn, partition_id, visible_at, committed)
+            self.release_empty(conn.get().await?, partition_id, visible_at, committed)
                 .await?;
             return Ok(Take::Empty);
         }
 
         let end = first + count as i64;
         if self.req.auto_ack || recorded != Some((first, end)) {
-            self.settle_range(conn, partition_id, first, end).await?;
+            self.settle_range(conn.get().await?, partition_id, first, end)
+                .await?;
         }
 
         self.remaining -= count;

@@ -8,6 +8,8 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Mutex};
 
+use crate::storage::conns::{KeptConn, IDLE_GIVE_BACK};
+
 /// A request for a statement group, with the slot its answer goes to.
 pub type Job<J, R> = (J, oneshot::Sender<R>);
 
@@ -32,6 +34,23 @@ pub async fn next_group<J, R>(queue: &Queue<J, R>, max: usize) -> Option<Vec<Job
         }
     }
     Some(group)
+}
+
+/// [`next_group`] for a worker keeping `conn`: gives the connection back when no request came
+/// for [`IDLE_GIVE_BACK`].
+pub async fn next_group_keeping<J, R>(
+    queue: &Queue<J, R>,
+    max: usize,
+    conn: &mut KeptConn,
+) -> Option<Vec<Job<J, R>>> {
+    // Cancelling `next_group` loses nothing: it waits only on the lock and on `recv`.
+    match tokio::time::timeout(IDLE_GIVE_BACK, next_group(queue, max)).await {
+        Ok(group) => group,
+        Err(_) => {
+            conn.give_back();
+            next_group(queue, max).await
+        }
+    }
 }
 
 /// Sorts `group` by row (the order every transaction locks rows in) and keeps the first request

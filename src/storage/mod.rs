@@ -28,6 +28,7 @@ pub mod ahead;
 pub mod cache;
 pub mod claim_group;
 pub mod commit;
+pub mod conns;
 pub mod consume;
 pub mod crypto;
 pub mod dedup;
@@ -127,14 +128,15 @@ pub fn lease_pool(primary: &Arc<Primary>, settings: &Settings) -> PgPool {
     async_commit_pool(primary, settings, settings.db_pool_size)
 }
 
-/// The pool of the grouped hand-off claims ([`claim_group`]): `workers` connections with
-/// asynchronous commit, like the lease pool's, but apart from it (pops hold lease-pool
-/// connections while their claims wait for a worker).
+/// The pool of the grouped hand-off claims ([`claim_group`]): a connection per worker (each
+/// keeps its own, [`conns::KeptConn`]) and one for releasing the leases claimed ahead that no
+/// pop took ([`ahead`]), with asynchronous commit like the lease pool's, but apart from it
+/// (a pop that runs a statement holds a lease-pool connection while it waits).
 pub fn claim_pool(primary: &Arc<Primary>, settings: &Settings, workers: usize) -> PgPool {
     async_commit_pool(
         primary,
         settings,
-        u32::try_from(workers.max(1)).unwrap_or(1),
+        u32::try_from(workers.max(1) + 1).unwrap_or(2),
     )
 }
 

@@ -15,6 +15,7 @@ mod chaos;
 mod claim_group;
 mod codec_props;
 mod configure_contract;
+mod conns;
 mod consume_ahead;
 mod consume_cache;
 mod consume_handoff;
