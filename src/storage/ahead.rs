@@ -9,8 +9,8 @@
 //! same order and the same turn of the one-statement pop as a pop's) and claims it through
 //! the grouped hand-off claim ([`ClaimGroup`]) at once, while the ack's commit is still
 //! flushing. The claimed lease waits here, and the next queue-level pop of the group that asks
-//! for as many messages ([`AheadLeases::take`]) delivers it without a statement of its own;
-//! a consumer already waiting is woken for it.
+//! for as many messages ([`AheadLeases::take_or_wait`]) delivers it without a statement of its
+//! own; a consumer already waiting is woken for it.
 //!
 //! The lease is an ordinary lease in PostgreSQL from the moment it is claimed (one holder per
 //! partition and group across brokers, as every claim): what is claimed ahead is only *who*
@@ -21,7 +21,7 @@
 //! was delivered under it, so nothing is lost or delivered twice.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -88,9 +88,8 @@ pub struct AheadLeases {
     claimed: AtomicU64,
     taken: AtomicU64,
     released: AtomicU64,
-    /// Claims sent and not yet answered.
-    in_flight: AtomicUsize,
-    /// The same, by queue then group: a pop of a pair with a claim in flight waits for it.
+    /// Claims sent and not yet answered, by queue then group: a pop of a pair with a claim in
+    /// flight waits for it, and a stopping broker for all of them.
     claiming: Mutex<HashMap<String, HashMap<String, usize>>>,
     /// Notified whenever a claim ahead is answered (booked or not).
     landed: tokio::sync::Notify,
@@ -120,7 +119,6 @@ impl AheadLeases {
             claimed: AtomicU64::new(0),
             taken: AtomicU64::new(0),
             released: AtomicU64::new(0),
-            in_flight: AtomicUsize::new(0),
             claiming: Mutex::default(),
             landed: tokio::sync::Notify::new(),
             outstanding: Mutex::default(),
@@ -143,7 +141,6 @@ impl AheadLeases {
         let Some(partition_id) = self.handoffs.next_ahead(queue, group) else {
             return;
         };
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
         *self
             .claiming
             .lock()
@@ -158,7 +155,7 @@ impl AheadLeases {
     }
 
     /// The oldest lease of `(queue, group)` claimed ahead for `want` messages, if one waits.
-    pub fn take(&self, queue: &str, group: &str, want: usize) -> Option<Ahead> {
+    fn take(&self, queue: &str, group: &str, want: usize) -> Option<Ahead> {
         let mut book = self.book.lock().expect("ahead book lock poisoned");
         let waiting = book.get_mut(queue)?.get_mut(group)?;
         let at = waiting.iter().position(|a| a.want == want)?;
@@ -168,9 +165,10 @@ impl AheadLeases {
         Some(ahead)
     }
 
-    /// [`AheadLeases::take`], but when none waits while a claim ahead of the pair is still being
-    /// answered (an ack's claim runs while the ack's answer travels, so the consumer's next pop
-    /// can arrive first), waits for it, at most the hold.
+    /// The oldest lease of `(queue, group)` claimed ahead for `want` messages; when none waits
+    /// while a claim ahead of the pair is still being answered (an ack's claim runs while the
+    /// ack's answer travels, so the consumer's next pop can arrive first), waits for it, at most
+    /// the hold.
     pub async fn take_or_wait(&self, queue: &str, group: &str, want: usize) -> Option<Ahead> {
         let deadline = std::time::Instant::now() + self.hold;
         loop {
@@ -217,7 +215,6 @@ impl AheadLeases {
                 }
             }
         }
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.landed.notify_waiters();
     }
 
@@ -228,7 +225,13 @@ impl AheadLeases {
     pub async fn release_all(&self) {
         self.closed.store(true, Ordering::Release);
         let deadline = std::time::Instant::now() + CLOSING_WAIT;
-        while self.in_flight.load(Ordering::Acquire) > 0 && std::time::Instant::now() < deadline {
+        while !self
+            .claiming
+            .lock()
+            .expect("ahead claims lock poisoned")
+            .is_empty()
+            && std::time::Instant::now() < deadline
+        {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         self.book.lock().expect("ahead book lock poisoned").clear();
