@@ -346,7 +346,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
             .watch(pool.clone(), settings.primary_check_every),
     );
 
-    let pool_for_acks = pool.clone();
+    let ack_pool = storage::ack_pool(&primary, &settings, ACK_WORKERS);
     let broker_id = format!("broker-{}", uuid::Uuid::new_v4().simple());
     let claims =
         storage::claim_group::ClaimGroup::start(claim_pool, broker_id.clone(), CLAIM_WORKERS);
@@ -374,7 +374,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         metrics,
         payload_key,
         handoffs,
-        ack_group: storage::ack_group::AckGroup::start(pool_for_acks, ACK_WORKERS),
+        ack_group: storage::ack_group::AckGroup::start(ack_pool, ACK_WORKERS),
         claims,
         ahead,
         primary: primary.clone(),

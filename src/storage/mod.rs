@@ -131,18 +131,57 @@ pub fn lease_pool(primary: &Arc<Primary>, settings: &Settings) -> PgPool {
 /// The pool of the grouped hand-off claims ([`claim_group`]): a connection per worker (each
 /// keeps its own, [`conns::KeptConn`]) and one for releasing the leases claimed ahead that no
 /// pop took ([`ahead`]), with asynchronous commit like the lease pool's, but apart from it
-/// (a pop that runs a statement holds a lease-pool connection while it waits).
+/// (a pop that runs a statement holds a lease-pool connection while it waits), and generic
+/// plans (see [`ack_pool`]).
 pub fn claim_pool(primary: &Arc<Primary>, settings: &Settings, workers: usize) -> PgPool {
-    async_commit_pool(
+    let options = primary
+        .options()
+        .options([("synchronous_commit", "off"), GENERIC_PLANS]);
+    unchecked_pool(
         primary,
         settings,
         u32::try_from(workers.max(1) + 1).unwrap_or(2),
+        options,
     )
 }
 
 /// `size` connections whose commits do not wait for their WAL flush (leases).
 fn async_commit_pool(primary: &Arc<Primary>, settings: &Settings, size: u32) -> PgPool {
     let options = primary.options().options([("synchronous_commit", "off")]);
+    unchecked_pool(primary, settings, size, options)
+}
+
+/// The pool of the grouped acks ([`ack_group`]): a connection per worker, which it keeps
+/// ([`conns::KeptConn`]), durable commits like the shared pool's.
+///
+/// Both grouped pools (this one and [`claim_pool`]) run their statements with PostgreSQL's
+/// generic plan (`plan_cache_mode = force_generic_plan`). A grouped statement takes its rows
+/// from arrays (`unnest($1::int8[], …)`): with the arrays' values in hand the planner's
+/// estimate of a custom plan is always a little cheaper than the generic plan's guess of ten
+/// rows, so PostgreSQL kept planning it afresh at every execution (≈ 0.18 ms a call, more than
+/// the statement's own execution; docs/benchmarks.md, sixteenth run), for a plan that is the
+/// same primary-key probe per array element either way.
+pub fn ack_pool(primary: &Arc<Primary>, settings: &Settings, workers: usize) -> PgPool {
+    let options = primary.options().options([GENERIC_PLANS]);
+    unchecked_pool(
+        primary,
+        settings,
+        u32::try_from(workers.max(1)).unwrap_or(1),
+        options,
+    )
+}
+
+/// The session setting that makes PostgreSQL run a prepared statement's generic plan.
+const GENERIC_PLANS: (&str, &str) = ("plan_cache_mode", "force_generic_plan");
+
+/// `size` connections with `options`, not pinged before they are handed out (a connection that
+/// died fails its statement instead, and sqlx drops it).
+fn unchecked_pool(
+    primary: &Arc<Primary>,
+    settings: &Settings,
+    size: u32,
+    options: PgConnectOptions,
+) -> PgPool {
     tracked(
         primary,
         pool_options(primary)
