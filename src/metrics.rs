@@ -60,6 +60,10 @@ pub struct Gauges {
     pub claim_pool_size: u32,
     /// Idle connections of the grouped hand-off claims' pool.
     pub claim_pool_idle: usize,
+    /// Connections of the grouped acks' pool.
+    pub ack_pool_size: u32,
+    /// Idle connections of the grouped acks' pool.
+    pub ack_pool_idle: usize,
     /// Items in the spool not yet replayed.
     pub spool_records: u64,
     /// Bytes of spool files.
@@ -563,6 +567,7 @@ impl Metrics {
             ("shared", g.pool_size, g.pool_idle),
             ("lease", g.lease_pool_size, g.lease_pool_idle),
             ("claims", g.claim_pool_size, g.claim_pool_idle),
+            ("acks", g.ack_pool_size, g.ack_pool_idle),
         ] {
             set.pool_size
                 .with_label_values(&[pool])
@@ -772,6 +777,8 @@ mod tests {
             leases: Some(4),
             claim_pool_size: 2,
             claim_pool_idle: 1,
+            ack_pool_size: 1,
+            ack_pool_idle: 1,
             leases_ahead: [7, 5, 2],
             cache_reads: [30, 4],
             ..Gauges::default()
@@ -791,6 +798,7 @@ mod tests {
             "queen_database_primary_switches_total 1",
             "queen_leases_held{scope=\"cluster\"} 4",
             "queen_db_pool_active{pool=\"claims\"} 1",
+            "queen_db_pool_active{pool=\"acks\"} 0",
             "queen_pop_leases_ahead_total{outcome=\"taken\"} 5",
             "queen_pop_leases_ahead_total{outcome=\"released\"} 2",
             "queen_segment_cache_reads_total{result=\"hit\"} 30",

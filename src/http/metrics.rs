@@ -45,6 +45,8 @@ fn gauges(state: &AppState) -> Gauges {
         lease_pool_idle: state.lease_pool.num_idle(),
         claim_pool_size: state.claims.pool().size(),
         claim_pool_idle: state.claims.pool().num_idle(),
+        ack_pool_size: state.ack_group.pool().size(),
+        ack_pool_idle: state.ack_group.pool().num_idle(),
         spool_records: records,
         spool_bytes: spool.bytes(),
         spool_oldest_secs: if records > 0 {

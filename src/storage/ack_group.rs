@@ -81,6 +81,7 @@ pub struct AckGroup {
     /// A request gets back `Some` when its plan was applied, `None` when it must take the
     /// general path.
     jobs: mpsc::UnboundedSender<Job<FastAck, Option<Applied>>>,
+    pool: PgPool,
 }
 
 impl AckGroup {
@@ -91,7 +92,12 @@ impl AckGroup {
         for _ in 0..workers.max(1) {
             actix_web::rt::spawn(work(pool.clone(), queue.clone()));
         }
-        Self { jobs }
+        Self { jobs, pool }
+    }
+
+    /// The workers' pool (for the pool gauges).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
     }
 
     /// Applies `ack` together with whatever other plans are waiting: `Some` when it was

@@ -32,8 +32,11 @@ pub const MAX_PER_GROUP: usize = 256;
 const MAX_GROUPS: usize = 4096;
 
 /// Pops of a queue and group in a row that take hand-offs, at most, before one runs the
-/// one-statement pop (which serves leases that ran out first).
-pub const ONE_STATEMENT_EVERY: usize = 8;
+/// one-statement pop (which serves leases that ran out first). Only pops that find a hand-off
+/// waiting count, i.e. a broker under load (a pop finding none runs the one-statement pop
+/// anyway), where 32 pops are a few milliseconds; at 8 the large statement was one pop in
+/// seven of the pop+ack bench (docs/benchmarks.md, sixteenth run).
+pub const ONE_STATEMENT_EVERY: usize = 32;
 
 #[derive(Debug, Default)]
 struct Waiting {
@@ -204,7 +207,7 @@ mod tests {
     #[test]
     fn the_one_statement_pop_gets_its_turn_while_hand_offs_wait() {
         let h = Handoffs::default();
-        for id in 0..20 {
+        for id in 0..2 * ONE_STATEMENT_EVERY as i64 {
             h.offer("q", "g", id);
         }
         let taken: Vec<Option<i64>> = (0..ONE_STATEMENT_EVERY).map(|_| h.next("q", "g")).collect();
@@ -230,7 +233,7 @@ mod tests {
             "an unknown group is not entered"
         );
         assert_eq!(h.next("q", "g"), None, "the first pop enters the group");
-        for id in 0..20 {
+        for id in 0..2 * ONE_STATEMENT_EVERY as i64 {
             h.offer("q", "g", id);
         }
         let ahead: Vec<Option<i64>> = (0..ONE_STATEMENT_EVERY)

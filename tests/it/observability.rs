@@ -214,6 +214,10 @@ async fn counters_move_by_exactly_what_a_known_sequence_produces() {
         text.contains("queen_db_pool_size{pool=\"claims\"}"),
         "the grouped claims' pool is reported"
     );
+    assert!(
+        text.contains("queen_db_pool_size{pool=\"acks\"}"),
+        "the grouped acks' pool is reported"
+    );
     assert!(s("process_resident_memory_bytes", &[]) > 0.0);
     assert!(
         text.contains("# TYPE queen_file_buffer_replayed_total counter"),
