@@ -134,9 +134,7 @@ pub fn lease_pool(primary: &Arc<Primary>, settings: &Settings) -> PgPool {
 /// (a pop that runs a statement holds a lease-pool connection while it waits), and generic
 /// plans (see [`ack_pool`]).
 pub fn claim_pool(primary: &Arc<Primary>, settings: &Settings, workers: usize) -> PgPool {
-    let options = primary
-        .options()
-        .options([("synchronous_commit", "off"), GENERIC_PLANS]);
+    let options = primary.options().options([ASYNC_COMMIT, GENERIC_PLANS]);
     unchecked_pool(
         primary,
         settings,
@@ -147,7 +145,7 @@ pub fn claim_pool(primary: &Arc<Primary>, settings: &Settings, workers: usize) -
 
 /// `size` connections whose commits do not wait for their WAL flush (leases).
 fn async_commit_pool(primary: &Arc<Primary>, settings: &Settings, size: u32) -> PgPool {
-    let options = primary.options().options([("synchronous_commit", "off")]);
+    let options = primary.options().options([ASYNC_COMMIT]);
     unchecked_pool(primary, settings, size, options)
 }
 
@@ -159,8 +157,8 @@ fn async_commit_pool(primary: &Arc<Primary>, settings: &Settings, size: u32) -> 
 /// from arrays (`unnest($1::int8[], …)`): with the arrays' values in hand the planner's
 /// estimate of a custom plan is always a little cheaper than the generic plan's guess of ten
 /// rows, so PostgreSQL kept planning it afresh at every execution (≈ 0.18 ms a call, more than
-/// the statement's own execution; docs/benchmarks.md, sixteenth run), for a plan that is the
-/// same primary-key probe per array element either way.
+/// the statement's own execution; docs/benchmarks.md, sixteenth run). The generic plan follows
+/// the table's statistics: it hashes a small consumer table and probes a large one by key.
 pub fn ack_pool(primary: &Arc<Primary>, settings: &Settings, workers: usize) -> PgPool {
     let options = primary.options().options([GENERIC_PLANS]);
     unchecked_pool(
@@ -170,6 +168,9 @@ pub fn ack_pool(primary: &Arc<Primary>, settings: &Settings, workers: usize) -> 
         options,
     )
 }
+
+/// The session setting of commits that do not wait for their WAL flush.
+const ASYNC_COMMIT: (&str, &str) = ("synchronous_commit", "off");
 
 /// The session setting that makes PostgreSQL run a prepared statement's generic plan.
 const GENERIC_PLANS: (&str, &str) = ("plan_cache_mode", "force_generic_plan");
