@@ -4,7 +4,7 @@
 # same machine in one invocation; prints each round's msg/s and the median of the per-round
 # ratios (on / off) per batch size, and the broker's CPU per message. `metrics_cost` (same
 # crate) measures the recording itself per request, free of the machine's noise.
-# docs/benchmarks.md, "Metrics cost", has a run.
+# docs/history/benchmarks.md, "Metrics cost", has a run.
 #
 #   cargo build --release --bins && cargo build --release -p queen-bench
 #   bash bench/metrics-cost.sh            # ROUNDS=5 DURATION=5 BATCHES=1,100 PARTITIONS=100

@@ -50,7 +50,10 @@ function table(caption, headers, rows, empty) {
 
 // Column headers whose cells are numbers (right-aligned).
 const NUMERIC = new Set(["Partitions", "Total", "Pending", "Processing", "Completed", "Dead", "In/s", "Out/s",
-  "Members", "Backlog (messages)", "Oldest unconsumed", "Partitions with lag", "Retries"]);
+  "Members", "Backlog (messages)", "Oldest unconsumed", "Partitions with lag", "Retries",
+  "Keys", "Bytes", "With expiry", "Expiring within 1 min", "Slot", "Token", "Late", "Refused",
+  "State keys", "State bytes", "Largest partition", "Cycles", "Depth", "Pushed",
+  "Dropped (TTL)", "Dropped (policy)", "Dropped (retries)"]);
 
 const num = (v) => h("td", { class: "num" }, fmtNum(v));
 
@@ -216,7 +219,10 @@ function stopRefresh() {
 function parseHash() {
   const raw = location.hash.replace(/^#\/?/, "");
   const [path, query] = raw.split("?");
-  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  // A malformed escape (`#/queues/%E0`) is kept as typed rather than leaving the page on
+  // "Loading…" with an uncaught URIError.
+  const decode = (part) => { try { return decodeURIComponent(part); } catch { return part; } };
+  const parts = path.split("/").filter(Boolean).map(decode);
   return { parts, query: new URLSearchParams(query || "") };
 }
 
@@ -241,6 +247,7 @@ async function route() {
     dlq: () => dlqPage(query),
     groups: () => groupsPage(),
     maintenance: () => maintenancePage(),
+    state: () => statePage(),
   };
   const view = views[section];
   const main = document.getElementById("main");
@@ -253,7 +260,7 @@ async function route() {
     if (mine !== renders) return;
     if (content) {
       const focused = document.activeElement && document.activeElement.id;
-      main.replaceChildren(...content);
+      main.replaceChildren(...content.filter((c) => c !== null && c !== undefined));
       if (focused) document.getElementById(focused)?.focus();
     }
     setStatus(`Updated ${new Date().toLocaleTimeString()}`);
@@ -270,6 +277,132 @@ async function route() {
   if (section === "overview" && REFRESH_SECS > 0) {
     refreshTimer = setTimeout(route, REFRESH_SECS * 1000);
   }
+}
+
+// ---------------------------------------------------------------- charts (SVG drawn here)
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+// Line colours: distinct, and each at least 4.5:1 against the white chart background.
+const COLOURS = ["#0b4f9c", "#a10d0d", "#0a5c2b", "#7a4a00", "#6a1b9a", "#00606b", "#444444", "#8a2a5a"];
+const CHART_W = 560, CHART_H = 170, PAD_L = 56, PAD_R = 10, PAD_T = 10, PAD_B = 24;
+
+function svg(tag, attrs, ...children) {
+  const el = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) if (v !== null && v !== undefined) el.setAttribute(k, String(v));
+  for (const c of children.flat(Infinity)) if (c !== null && c !== undefined) el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return el;
+}
+
+/** A round upper bound for the y axis: 1, 2 or 5 times a power of ten, at least `max`. */
+function niceMax(max) {
+  if (!(max > 0)) return 1;
+  const p = 10 ** Math.floor(Math.log10(max));
+  for (const m of [1, 2, 5, 10]) if (m * p >= max) return m * p;
+  return 10 * p;
+}
+
+function fmtClock(ms) {
+  return new Date(ms).toISOString().slice(11, 16);
+}
+
+/**
+ * A line chart: `at` (Unix ms) against each series' values (null breaks the line). `fmt`
+ * formats a value. Without two points with data, the figure says why instead (`empty`).
+ */
+function lineChart(id, title, at, series, fmt, empty, floor = 0) {
+  const withData = series.filter((s) => s.values.some((v) => v !== null && v !== undefined));
+  const points = withData.reduce((n, s) => n + s.values.filter((v) => v !== null && v !== undefined).length, 0);
+  const fig = h("figure", { class: "chart", id, "data-points": points });
+  fig.append(h("figcaption", {}, title));
+  if (at.length < 2 || !withData.length) {
+    fig.append(h("p", { class: "empty chart-empty" }, empty || "No data yet."));
+    return fig;
+  }
+  const t0 = at[0], t1 = at[at.length - 1];
+  const span = Math.max(1, t1 - t0);
+  // `floor`: the least top of the y axis (a spool of 0 bytes reads 0 B … 1 KB, not 0.5 B).
+  const max = niceMax(Math.max(floor, ...withData.flatMap((s) => s.values.filter((v) => v !== null && v !== undefined))));
+  const x = (t) => PAD_L + ((t - t0) / span) * (CHART_W - PAD_L - PAD_R);
+  const y = (v) => PAD_T + (1 - v / max) * (CHART_H - PAD_T - PAD_B);
+  const grid = [0, 0.5, 1].map((f) => [
+    svg("line", { x1: PAD_L, x2: CHART_W - PAD_R, y1: y(max * f), y2: y(max * f), stroke: "#c8ccd2", "stroke-width": 1 }),
+    svg("text", { x: PAD_L - 6, y: y(max * f) + 4, "text-anchor": "end", "font-size": 11, fill: "#444" }, fmt(max * f)),
+  ]);
+  const lines = withData.map((s, i) => {
+    // One path; a null value lifts the pen.
+    let d = "", pen = false;
+    s.values.forEach((v, k) => {
+      if (v === null || v === undefined) { pen = false; return; }
+      d += `${pen ? "L" : "M"}${x(at[k]).toFixed(1)},${y(v).toFixed(1)}`;
+      pen = true;
+    });
+    const lone = s.values.filter((v) => v !== null && v !== undefined).length === 1;
+    const colour = COLOURS[i % COLOURS.length];
+    if (lone) {
+      const k = s.values.findIndex((v) => v !== null && v !== undefined);
+      return svg("circle", { cx: x(at[k]), cy: y(s.values[k]), r: 2.5, fill: colour, class: "series" });
+    }
+    return svg("path", { d, fill: "none", stroke: colour, "stroke-width": 1.8, "stroke-linejoin": "round", class: "series" });
+  });
+  const axis = [
+    svg("line", { x1: PAD_L, x2: CHART_W - PAD_R, y1: y(0), y2: y(0), stroke: "#444", "stroke-width": 1 }),
+    svg("text", { x: PAD_L, y: CHART_H - 6, "font-size": 11, fill: "#444" }, fmtClock(t0)),
+    svg("text", { x: CHART_W - PAD_R, y: CHART_H - 6, "font-size": 11, fill: "#444", "text-anchor": "end" }, `${fmtClock(t1)} UTC`),
+  ];
+  const latest = (s) => { for (let k = s.values.length - 1; k >= 0; k--) if (s.values[k] !== null && s.values[k] !== undefined) return s.values[k]; return null; };
+  const summary = withData.map((s) => `${s.name}: ${fmt(latest(s))}`).join("; ");
+  fig.append(svg("svg", {
+    viewBox: `0 0 ${CHART_W} ${CHART_H}`, role: "img", "aria-label": `${title}, ${fmtClock(t0)}–${fmtClock(t1)} UTC; latest ${summary}`,
+  }, svg("title", {}, title), grid, axis, lines));
+  fig.append(h("ul", { class: "legend" }, withData.map((s, i) =>
+    h("li", {}, h("span", { class: `swatch swatch-${i % COLOURS.length}`, "aria-hidden": "true" }), `${s.name} `, h("strong", {}, fmt(latest(s)))))));
+  return fig;
+}
+
+const fmtRate = (v) => v === null ? "—" : `${fmtNum(v >= 100 ? Math.round(v) : Math.round(v * 10) / 10)}/s`;
+const fmtMs = (v) => v === null ? "—" : `${fmtNum(v * 1000 >= 10 ? Math.round(v * 1000) : Math.round(v * 10000) / 10)} ms`;
+const fmtCount = (v) => v === null ? "—" : fmtNum(Math.round(v));
+const fmtAge = (v) => v === null ? "—" : fmtDuration(v);
+
+/** Why a history is not there, or null when it is. */
+function historyGap(hist) {
+  if (!hist) return "History unavailable.";
+  if (hist.error) return `History unavailable: ${hist.error}`;
+  if (!hist.enabled) return "History is off on this broker (QUEEN_HISTORY_INTERVAL_MS=0).";
+  if ((hist.at || []).length < 2) return `Collecting: a sample every ${fmtNum(hist.intervalSeconds)} s; the charts start with the second.`;
+  return null;
+}
+
+function pairLabel(p, withQueue) {
+  return withQueue ? `${p.queue} · ${groupName(p.consumerGroup)}` : groupName(p.consumerGroup);
+}
+
+/** The backlog and age charts of the (queue, group) pairs in `hist` (at most 8 lines each). */
+function backlogCharts(hist, withQueue, idPrefix) {
+  const gap = historyGap(hist);
+  const pairs = (hist && hist.queues || []).slice(0, COLOURS.length);
+  const why = gap || (hist.queuesError ? `Backlog not read: ${hist.queuesError}` : "Nothing unconsumed in the last hour.");
+  return [
+    lineChart(`${idPrefix}-backlog`, "Backlog (messages)", hist?.at || [], pairs.map((p) => ({ name: pairLabel(p, withQueue), values: p.backlog })), fmtCount, why),
+    lineChart(`${idPrefix}-age`, "Oldest unconsumed message", hist?.at || [], pairs.map((p) => ({ name: pairLabel(p, withQueue), values: p.oldestSeconds })), fmtAge, why),
+  ];
+}
+
+function overviewCharts(hist) {
+  const gap = historyGap(hist);
+  const at = hist?.at || [];
+  const unrecorded = hist && !hist.recording ? "Not recorded: QUEEN_METRICS=false on this broker." : null;
+  const rates = lineChart("chart-rates", "Messages per second", at, [
+    { name: "pushed", values: hist?.pushedPerSecond || [] },
+    { name: "popped", values: hist?.poppedPerSecond || [] },
+    { name: "acked", values: hist?.ackedPerSecond || [] },
+  ], fmtRate, gap || unrecorded || "No traffic in the last hour.");
+  const latency = lineChart("chart-commit", "Commit latency", at, [
+    { name: "p50", values: hist?.commitP50Seconds || [] },
+    { name: "p99", values: hist?.commitP99Seconds || [] },
+  ], fmtMs, gap || unrecorded || "No commits in the last hour.", 0.01);
+  const spool = lineChart("chart-spool", "Spool", at, [{ name: "bytes", values: hist?.spoolBytes || [] }], fmtBytes, gap, 1000);
+  return h("div", { class: "charts" }, rates, ...backlogCharts(hist, true, "chart"), latency, spool);
 }
 
 // ---------------------------------------------------------------- overview
@@ -324,15 +457,29 @@ function queueRates(queues) {
   return rates;
 }
 
+/** The database tile's second line: connections in use per pool, or why they are not known. */
+function poolText(metrics) {
+  if (metrics.error) return `pools unknown: ${metrics.error}`;
+  const pools = metrics.database?.pools;
+  if (!pools) {
+    const size = metrics.database?.poolSize, idle = metrics.database?.idleConnections;
+    return size === undefined ? "pools unknown: /metrics has no database figures" : `pool ${size} (idle ${idle})`;
+  }
+  const order = ["shared", "lease", "claims", "acks"];
+  const names = [...order.filter((n) => pools[n]), ...Object.keys(pools).filter((n) => !order.includes(n))];
+  return "in use: " + names.map((n) => `${n} ${pools[n].size - pools[n].idle}/${pools[n].size}`).join(" · ");
+}
+
 async function overview() {
-  const [health, metrics, list, summary, groups, lagging, maint] = await Promise.all([
+  const [health, metrics, list, summary, groups, lagging, maint, hist] = await Promise.all([
     api("/health", { allow: [503] }).catch((e) => ({ status: "unreachable", database: e.message })),
-    api("/metrics"),
+    api("/metrics").catch((e) => { if (e instanceof AuthNeeded) throw e; return { error: e.message }; }),
     api("/api/v1/resources/queues"),
     api("/api/v1/resources/overview"),
     api("/api/v1/consumer-groups"),
     api("/api/v1/consumer-groups/lagging?minLagSeconds=0"),
     can("admin") ? api("/api/v1/system/maintenance") : Promise.resolve(null),
+    api("/api/v1/system/history").catch((e) => { if (e instanceof AuthNeeded) throw e; return { error: e.message }; }),
   ]);
   const spool = metrics.spool || {};
   const flags = {
@@ -348,20 +495,26 @@ async function overview() {
     h("div", { class: "card", id }, h("dt", {}, label), h("dd", {}, value, extra ? h("br") : null, extra ? h("small", {}, extra) : null));
   const cards = h("dl", { class: "cards" },
     card("card-database", "Database", h("span", { class: healthy ? "state-ok" : "state-bad" }, healthy ? "healthy" : String(health.status || "unhealthy")),
-      `pool ${metrics.database?.poolSize ?? "—"} (idle ${metrics.database?.idleConnections ?? "—"})`),
-    card("card-spool", "Spool", h("span", { id: "spool-records" }, fmtNum(spool.records ?? 0)),
+      poolText(metrics)),
+    metrics.error
+      ? card("card-spool", "Spool", h("span", { id: "spool-records" }, "—"), `unknown: ${metrics.error}`)
+      : card("card-spool", "Spool", h("span", { id: "spool-records" }, fmtNum(spool.records ?? 0)),
       `${fmtBytes(spool.bytes)} · ${spool.dbUnreachableSeconds ? `database away ${fmtDuration(spool.dbUnreachableSeconds)}` : "replayed " + fmtNum(spool.replayed ?? 0)}` +
       (spool.oldestSeconds ? ` · oldest ${fmtDuration(spool.oldestSeconds)}` : "")),
-    card("card-maintenance", "Maintenance",
+    !maint && metrics.error
+      ? card("card-maintenance", "Maintenance", h("span", { id: "maintenance-state" }, "—"), `unknown: ${metrics.error}`)
+      : card("card-maintenance", "Maintenance",
       h("span", { id: "maintenance-state", class: flags.maintenance || flags.pop ? "state-on" : "state-ok" },
         flags.maintenance && flags.pop ? "push + pop" : flags.maintenance ? "push" : flags.pop ? "pop" : "off"),
       flags.maintenance ? "pushes are spooled, replay paused" : flags.pop ? "pops answer empty" : "normal operation"),
     card("card-messages", "Messages", fmtNum(msgs.total ?? 0),
       `${fmtNum(msgs.pending ?? 0)} pending · ${fmtNum(msgs.processing ?? 0)} processing · ${fmtNum(msgs.deadLetter ?? 0)} dead`),
     card("card-rate", "Ingest", `${fmtNum(summary.throughput?.ingestedPerSecond ?? 0)}/s`, "last minute"),
-    card("card-lag", "Max lag", fmtDuration(summary.lag?.time?.max ?? 0), `${fmtNum(summary.lag?.offset?.max ?? 0)} messages behind`),
+    card("card-lag", "Max lag", fmtDuration(summary.lag?.time?.max ?? 0), `${fmtNum(summary.lag?.offset?.max ?? 0)} message${summary.lag?.offset?.max === 1 ? "" : "s"} behind`),
     card("card-queues", "Queues", fmtNum(summary.queues ?? 0), `${fmtNum(summary.partitions ?? 0)} partitions`),
-    card("card-broker", "Broker", health.version ? `v${health.version}` : "—", `up ${fmtDuration(metrics.uptime)}`),
+    card("card-broker", "Broker", health.version ? `v${health.version}` : "—",
+      [health.version ? null : `version unknown (health: ${health.database || health.status})`,
+        metrics.error ? "uptime unknown" : `up ${fmtDuration(metrics.uptime)}`].filter(Boolean).join(" · ")),
   );
 
   const queueRows = list.queues.map((q) => {
@@ -384,6 +537,8 @@ async function overview() {
     h("h1", {}, "Overview"),
     cards,
     maintenanceToggles(flags),
+    h("h2", {}, "Last hour"),
+    overviewCharts(hist),
     h("h2", {}, "Queues"),
     table("Queues with their backlog; rates are measured by this page between refreshes.",
       ["Queue", "Namespace", "Partitions", "Total", "Pending", "Processing", "In/s", "Out/s"],
@@ -400,10 +555,11 @@ async function overview() {
 // ---------------------------------------------------------------- one queue
 
 async function queuePage(name, query) {
-  const [q, groups, recent] = await Promise.all([
+  const [q, groups, recent, hist] = await Promise.all([
     api(`/api/v1/resources/queues/${enc(name)}`),
     api("/api/v1/consumer-groups"),
     api(`/api/v1/messages${qs({ queue: name, limit: RECENT_MESSAGES, from: new Date(Date.now() - 7 * 86400e3).toISOString() })}`),
+    api(`/api/v1/system/history${qs({ queue: name })}`).catch((e) => { if (e instanceof AuthNeeded) throw e; return { error: e.message }; }),
   ]);
   const mine = groups.filter((g) => g.queueName === name);
   const details = await Promise.all(mine.map((g) => api(`/api/v1/consumer-groups/${enc(g.name)}`)));
@@ -448,6 +604,8 @@ async function queuePage(name, query) {
     h("dl", { class: "cards" },
       ...[["Total", t.total], ["Pending", t.pending], ["Processing", t.processing], ["Completed", t.completed], ["Dead letters", t.deadLetter], ["Partitions", all.length]]
         .map(([k, v]) => h("div", { class: "card" }, h("dt", {}, k), h("dd", {}, fmtNum(v ?? 0))))),
+    h("h2", {}, "Last hour"),
+    h("div", { class: "charts" }, ...backlogCharts(hist, false, "queue-chart")),
     h("h2", {}, "Options"), options,
     h("h2", {}, "Consumer groups"),
     table("Per-group lag on this queue and who holds leases now.",
@@ -592,6 +750,61 @@ async function groupsPage() {
   return [
     h("h1", {}, "Consumer groups"),
     table("Lag per group and queue. Seek times are UTC.", headers, rows, "No consumer groups yet."),
+  ];
+}
+
+// ---------------------------------------------------------------- KV, locks, timers, streams
+
+async function statePage() {
+  const [ns, locks, timers, streams, eph] = await Promise.all([
+    api("/api/v1/kv/namespaces"),
+    api("/api/v1/locks"),
+    api("/api/v1/timers"),
+    api("/streams/v1/queries"),
+    api("/api/v1/ephemeral/queues"),
+  ]);
+  const ephShown = eph.queues.slice(0, 100);
+  const ephRows = ephShown.map((q) => h("tr", { "data-ephemeral": q.queue },
+    h("th", { scope: "row" }, q.queue), num(q.length), h("td", { class: "num" }, fmtBytes(q.bytes)),
+    num(q.partitions), num(q.pushed), num(q.dropped.ttl), num(q.dropped.policy), num(q.dropped.retries)));
+  const more = (body) => body.truncated ? h("p", { class: "note" }, "The first 100 are shown; there are more.") : null;
+  const nsRows = ns.namespaces.map((n) => h("tr", { "data-namespace": n.namespace },
+    h("th", { scope: "row" }, n.namespace), num(n.keys), h("td", { class: "num" }, fmtBytes(n.bytes)),
+    num(n.expiring), num(n.expiringSoon), h("td", {}, fmtTime(n.lastWrite))));
+  const lockRows = locks.locks.map((l) => h("tr", { "data-lock": l.name },
+    h("th", { scope: "row" }, l.name), num(l.slot), h("td", {}, l.owner ?? "—"), num(l.token),
+    h("td", {}, l.expiresAt ? fmtTime(l.expiresAt) : "never"), h("td", {}, fmtTime(l.renewedAt))));
+  const timerRows = timers.queues.map((t) => h("tr", { "data-timers": t.queue },
+    h("th", { scope: "row" }, t.queue), num(t.pending), h("td", {}, fmtTime(t.nextDue)),
+    h("td", { class: "num" }, t.lateSeconds > 0 ? fmtDuration(t.lateSeconds) : "on time"), num(t.refused)));
+  const streamRows = streams.queries.map((q) => h("tr", { "data-query": q.name },
+    h("th", { scope: "row" }, q.name), h("td", {}, q.sourceQueue), h("td", {}, q.sinkQueue ?? "—"),
+    num(q.partitions), num(q.stateKeys), h("td", { class: "num" }, fmtBytes(q.stateBytes)),
+    h("td", { class: "num" }, fmtBytes(q.largestPartitionBytes)), num(q.cycles),
+    h("td", {}, q.lastCycle ? fmtTime(q.lastCycle) : "no cycle yet")));
+  return [
+    h("h1", {}, "KV, locks, timers, streams and ephemeral queues"),
+    h("h2", {}, "KV namespaces"),
+    table("Live keys per namespace, most first; bytes are keys plus values as JSON text. Lock permits are the queen-locks namespace.",
+      ["Namespace", "Keys", "Bytes", "With expiry", "Expiring within 1 min", "Last write"], nsRows, "No KV keys."),
+    more(ns),
+    h("h2", {}, "Locks and semaphores"),
+    table("Live permits, the soonest to expire first. The token is the fencing token.",
+      ["Lock", "Slot", "Holder", "Token", "Expires", "Taken or renewed"], lockRows, "No lock is held."),
+    more(locks),
+    h("h2", {}, "Timers"),
+    table("Pending timers per queue, the soonest due first. Late: how long the earliest is past due; refused: fires the queue refused.",
+      ["Queue", "Pending", "Next due", "Late", "Refused"], timerRows, "No pending timers."),
+    more(timers),
+    h("h2", {}, "Stream queries"),
+    table("State per query over its partitions; the largest partition's state beside the total.",
+      ["Query", "Source", "Sink", "Partitions", "State keys", "State bytes", "Largest partition", "Cycles", "Last cycle"], streamRows, "No stream queries."),
+    more(streams),
+    h("h2", {}, "Ephemeral queues (this broker)"),
+    h("p", { id: "ephemeral-memory" }, `Memory: ${fmtBytes(eph.usedBytes)} of ${fmtBytes(eph.budgetBytes)} (QUEEN_EPHEMERAL_MAX_BYTES).`),
+    table("Rings in this broker's memory: depth, bytes, messages pushed and dropped unconsumed (past their TTL, by the drop policy, past the retry limit).",
+      ["Queue", "Depth", "Bytes", "Partitions", "Pushed", "Dropped (TTL)", "Dropped (policy)", "Dropped (retries)"], ephRows, "No ephemeral queues on this broker."),
+    eph.queues.length > ephShown.length ? h("p", { class: "note" }, `The first 100 of ${fmtNum(eph.queues.length)} are shown.`) : null,
   ];
 }
 

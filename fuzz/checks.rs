@@ -7,11 +7,17 @@ use broker_actors::codec;
 use broker_actors::spool::record;
 use broker_actors::Item;
 use broker_actors::PartitionKey;
-use queen_broker::http::transaction::parse;
+use queen_broker::http::transaction::{parse, parse_binary};
 use queen_broker::protocol::ack::{group_of, json_body, parse_ack, WireAck};
-use queen_broker::protocol::push::{mint, parse_push_body, push_item_count};
-use queen_broker::storage::acks::Ack;
-use queen_broker::storage::frames;
+use queen_broker::protocol::depth;
+use queen_broker::protocol::push::{mint, parse_push_body, push_item_count, ParsedItem};
+use queen_broker::protocol::push_binary::{
+    declared_inflated_len, decode_push, decode_transaction, encode_push, encode_push_frames, Group,
+    FLAG_TXN, FLAG_ZSTD,
+};
+use queen_broker::storage::consume::acks::Ack;
+use queen_broker::storage::segments::frames;
+use queen_broker::storage::transaction::Request;
 use serde_json::Value;
 
 /// The push body parser (`POST /api/v1/push`): arbitrary bytes never panic; an accepted body's
@@ -127,20 +133,118 @@ pub fn ack_transaction_body(data: &[u8]) {
     }
     // `/transaction`.
     if let Ok(plan) = parse(data, Some("fuzz")) {
-        assert_eq!(plan.results, plan.pushes.len() + plan.acks.len());
-        for push in &plan.pushes {
-            for name in [&*push.key.queue, &*push.key.partition] {
-                assert!(!name.is_empty() && !name.contains('\0') && name.chars().count() <= 255);
-            }
-            assert!(!push.item.transaction_id.contains('\0'));
-            if let Some(t) = &push.item.trace_id {
-                assert!(!t.contains('\0') && t.chars().count() <= 255);
-            }
-            assert!(push.result < plan.results);
+        check_plan(&plan);
+    }
+}
+
+/// What every accepted transaction plan holds, JSON or `QTB1`.
+fn check_plan(plan: &Request) {
+    assert_eq!(plan.results, plan.pushes.len() + plan.acks.len());
+    for push in &plan.pushes {
+        for name in [&*push.key.queue, &*push.key.partition] {
+            assert!(!name.is_empty() && !name.contains('\0') && name.chars().count() <= 255);
         }
-        for a in &plan.acks {
-            check_ack(a);
-            assert!(a.index < plan.results);
+        assert!(!push.item.transaction_id.contains('\0'));
+        if let Some(t) = &push.item.trace_id {
+            assert!(!t.contains('\0') && t.chars().count() <= 255);
+        }
+        assert!(push.result < plan.results);
+    }
+    for a in &plan.acks {
+        check_ack(a);
+        assert!(a.index < plan.results);
+    }
+}
+
+/// What the fuzz checks let a binary body inflate to (the route uses `QUEEN_MAX_BODY_BYTES`).
+const MAX_INFLATED: usize = 1 << 20;
+
+/// An accepted item of any push body keeps the JSON body's rules.
+fn check_parsed(p: &ParsedItem) {
+    for name in [&p.queue, &p.partition] {
+        assert!(!name.is_empty() && !name.contains('\0'));
+        assert!(name.chars().count() <= 255);
+    }
+    if let Some(t) = &p.transaction_id {
+        assert!(!t.is_empty() && !t.contains('\0') && t.chars().count() <= 255);
+    }
+    serde_json::from_str::<serde::de::IgnoredAny>(&p.payload).expect("payload is JSON");
+    assert!(depth::depth_up_to(&p.payload, depth::MAX_DEPTH) <= depth::MAX_DEPTH);
+    assert_eq!(p.payload.trim(), p.payload, "payload kept trimmed");
+}
+
+/// The items as encoder groups: consecutive items of one partition share a group.
+fn regroup(items: &[ParsedItem]) -> Vec<Group> {
+    let mut groups: Vec<Group> = Vec::new();
+    for p in items {
+        let txn = p.transaction_id.clone().unwrap_or_default();
+        match groups.last_mut() {
+            Some(g) if g.queue == p.queue && g.partition == p.partition => {
+                g.items.push((txn, p.payload.clone()));
+            }
+            _ => groups.push(Group {
+                queue: p.queue.clone(),
+                partition: p.partition.clone(),
+                items: vec![(txn, p.payload.clone())],
+            }),
+        }
+    }
+    groups
+}
+
+/// The `QPB1` decoder (`POST /api/v1/push` with `application/x-queen-push`): arbitrary bytes
+/// never panic and never inflate past the budget; an accepted body's items keep the JSON
+/// body's rules, and encoding them again (each form of the encoder) decodes to the same items.
+pub fn push_binary(data: &[u8]) {
+    let _ = declared_inflated_len(data);
+    let Ok(decoded) = decode_push(data, MAX_INFLATED) else {
+        return;
+    };
+    for p in &decoded.items {
+        check_parsed(p);
+        if let Some(id) = p.message_id {
+            assert_eq!(id.get_version_num(), 7);
+        }
+    }
+    let groups = regroup(&decoded.items);
+    let key = |p: &ParsedItem| (p.queue.clone(), p.partition.clone(), p.payload.clone());
+    for flags in [0, FLAG_TXN, FLAG_ZSTD | FLAG_TXN] {
+        let again = decode_push(&encode_push(&groups, flags), usize::MAX).expect("own encoding");
+        assert_eq!(
+            again.items.iter().map(key).collect::<Vec<_>>(),
+            decoded.items.iter().map(key).collect::<Vec<_>>()
+        );
+        for (a, b) in again.items.iter().zip(&decoded.items) {
+            assert_eq!(a.transaction_id, b.transaction_id);
+        }
+    }
+    let framed = decode_push(&encode_push_frames(&groups, decoded.counts), usize::MAX)
+        .expect("own framed encoding");
+    assert_eq!(framed.counts, decoded.counts);
+    assert_eq!(
+        framed.items.iter().map(key).collect::<Vec<_>>(),
+        decoded.items.iter().map(key).collect::<Vec<_>>()
+    );
+}
+
+/// The `QTB1` parser (`POST /api/v1/transaction` with `application/x-queen-push`): arbitrary
+/// bytes never panic; an accepted plan holds what a JSON one holds, with the groups' pushes
+/// numbered after the head's operations.
+pub fn transaction_binary(data: &[u8]) {
+    let Ok(decoded) = decode_transaction(data, MAX_INFLATED) else {
+        assert!(parse_binary(data, Some("fuzz"), MAX_INFLATED).is_err());
+        return;
+    };
+    let pushed = decoded.items.len();
+    if let Ok((plan, counts)) = parse_binary(data, Some("fuzz"), MAX_INFLATED) {
+        check_plan(&plan);
+        assert_eq!(counts, decoded.counts);
+        // The groups' pushes are the last `pushed` results, in wire order.
+        let tail = &plan.pushes[plan.pushes.len() - pushed..];
+        for (k, (push, item)) in tail.iter().zip(&decoded.items).enumerate() {
+            assert_eq!(push.result, plan.results - pushed + k);
+            assert_eq!(Some(push.item.message_id), item.message_id);
+            assert_eq!(&*push.key.queue, item.queue.as_str());
         }
     }
 }

@@ -1,5 +1,6 @@
-//! Wiring: auth key material → database (configured, or a private cluster) → migrations →
-//! committers and the partition registry → HTTP server (every route behind the auth gate).
+//! Wiring: auth key material and the TLS certificate → database (configured, or a private
+//! cluster) → migrations → committers and the partition registry → HTTP server (every route
+//! behind the auth gate; HTTPS only when a certificate is configured, reloaded on SIGHUP).
 //! Shutdown runs the other way: the server stops accepting and answers what is in flight, then
 //! the actors' threads stop, then a private cluster stops.
 
@@ -21,20 +22,21 @@ use crate::metrics::Metrics;
 use crate::pg::{ClusterError, PrivateCluster};
 use crate::settings::Settings;
 use crate::state::{read_flags, AppState, Flags, Inflight};
-use crate::storage::cache::SegmentCache;
-use crate::storage::crypto::PayloadKey;
-use crate::storage::handoff::Handoffs;
-use crate::storage::hosts::Primary;
-use crate::storage::{self, commit::PgStore};
+use crate::storage::cluster::hosts::Primary;
+use crate::storage::consume::handoff::Handoffs;
+use crate::storage::segments::cache::SegmentCache;
+use crate::storage::segments::crypto::PayloadKey;
+use crate::storage::{self, push::commit::PgStore};
+use crate::tls::{CertStore, TlsError};
 use crate::wake::{self, WakeHub};
 
-/// Workers applying grouped fast acks (`storage::ack_group`): one, so that what arrives while
+/// Workers applying grouped fast acks (`storage::consume::ack_group`): one, so that what arrives while
 /// it commits forms the next group (with two, groups were smaller and pop+ack cost more CPU:
 /// 0.84–0.93 of a push per message against 0.77–0.80 with one, same ack latency;
-/// docs/benchmarks.md).
+/// docs/history/benchmarks.md).
 const ACK_WORKERS: usize = 1;
 
-/// Workers running the grouped hand-off claims of the pops (`storage::claim_group`).
+/// Workers running the grouped hand-off claims of the pops (`storage::consume::claim_group`).
 const CLAIM_WORKERS: usize = 2;
 
 /// Kept here for the tests that read it through `app` (it lives in [`crate::state`]).
@@ -57,6 +59,12 @@ pub enum StartError {
     /// Auth is on without usable key material.
     #[error("cannot enable authentication: {0}")]
     Auth(#[from] crate::auth::ConfigError),
+    /// The certificate or key of the HTTP listener is unusable.
+    #[error("cannot serve HTTPS: {0} (check QUEEN_TLS_CERT_FILE and QUEEN_TLS_KEY_FILE)")]
+    Tls(#[from] TlsError),
+    /// SIGHUP cannot be caught, so the certificate could never be reloaded.
+    #[error("cannot watch SIGHUP for certificate reloads: {0}")]
+    Hangup(#[source] std::io::Error),
     /// The HTTP listener could not be opened.
     #[error("cannot listen on {addr}: {source} (check HOST and PORT)")]
     Bind {
@@ -84,8 +92,12 @@ pub struct Broker {
     pub handle: actix_web::dev::ServerHandle,
     /// Shared state, for tests and background tasks.
     pub state: web::Data<AppState>,
-    /// The database hosts and which one the broker writes to (`storage::hosts`).
+    /// The database hosts and which one the broker writes to (`storage::cluster::hosts`).
     pub primary: Arc<Primary>,
+    /// The listener's certificate when it serves HTTPS (`QUEEN_TLS_*`); SIGHUP reloads it.
+    pub tls: Option<Arc<CertStore>>,
+    /// The bound Kafka port, when `QUEEN_KAFKA_PORT` is set (docs/kafka.md).
+    pub kafka_port: Option<u16>,
     arbiters: Vec<Arbiter>,
     listener: Arc<Mutex<wake::ListenerHandle>>,
     private_cluster: Option<PrivateCluster>,
@@ -181,6 +193,12 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
             "JWT authentication is on"
         );
     }
+    // Before the database too: a broker whose certificate or key is unusable must not start
+    // (and must not fall back to plain HTTP).
+    let tls = match &settings.tls {
+        Some(files) => Some(CertStore::open(&files.cert_file, &files.key_file)?),
+        None => None,
+    };
     // The spool first: a broker that cannot spool must not start taking pushes.
     let spool_state = Arc::new(SpoolState::default());
     let spool_actor = SpoolActor::open(&settings.file_buffer_dir, spool_state.clone())?;
@@ -262,7 +280,8 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         settings.commit_timeout,
     )
     .with_key(payload_key.clone())
-    .with_primary(primary.clone());
+    .with_primary(primary.clone())
+    .admitted();
     let replay_state = spool_state.clone();
     let (replay_every, replay_backoff) = (settings.replay_every, settings.replay_backoff);
     Replayer::start_in_arbiter(&committer_arbiter.handle(), move |_| {
@@ -307,17 +326,31 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
 
     actix_web::rt::spawn(check_key(pool.clone(), payload_key.clone()));
 
-    actix_web::rt::spawn(storage::dedup::sweep_loop(
+    actix_web::rt::spawn(storage::push::dedup::sweep_loop(
         pool.clone(),
         settings.dedup_sweep_every,
     ));
 
-    actix_web::rt::spawn(storage::retention::sweep_loop(
+    // The KV sweeper (storage::kv::sweep): deletes expired keys in small batches.
+    actix_web::rt::spawn(storage::kv::sweep::sweep_loop(
+        pool.clone(),
+        storage::kv::sweep::SWEEP_EVERY,
+    ));
+
+    actix_web::rt::spawn(storage::queues::retention::sweep_loop(
         pool.clone(),
         settings.retention_every,
         settings.retention_batch,
     ));
     let hub = WakeHub::new();
+    // Every broker fires due timers (claims are SKIP LOCKED: each timer fires once).
+    actix_web::rt::spawn(storage::timers::fire::fire_loop(
+        pool.clone(),
+        payload_key.clone(),
+        hub.clone(),
+        spool_state.clone(),
+    ));
+
     // Every written partition is offered to the pops of its queue on this broker.
     let handoffs: Arc<Handoffs> = Arc::default();
     {
@@ -348,15 +381,38 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
 
     let ack_pool = storage::ack_pool(&primary, &settings, ACK_WORKERS);
     let broker_id = format!("broker-{}", uuid::Uuid::new_v4().simple());
-    let claims =
-        storage::claim_group::ClaimGroup::start(claim_pool, broker_id.clone(), CLAIM_WORKERS);
-    let ahead = storage::ahead::AheadLeases::new(
+    // A grouped claim or ack statement that PostgreSQL has not answered a second past its own
+    // statement_timeout never will (a half-open connection): its worker gives it up.
+    let group_answer_within = settings.statement_timeout + Duration::from_secs(1);
+    let claims = storage::consume::claim_group::ClaimGroup::start(
+        claim_pool,
+        broker_id.clone(),
+        CLAIM_WORKERS,
+        group_answer_within,
+    );
+    let ahead = storage::consume::ahead::AheadLeases::new(
         claims.clone(),
         handoffs.clone(),
         cache.clone(),
         hub.clone(),
         settings.pop_ahead,
     );
+    let ephemeral = Arc::new(crate::ephemeral::Store::new(
+        settings.ephemeral_max_bytes,
+        Some(metrics.ephemeral()),
+    ));
+    actix_web::rt::spawn(ephemeral_upkeep(ephemeral.clone(), pool.clone()));
+    let history = Arc::new(crate::history::History::new(
+        settings.history_interval,
+        settings.history_queues,
+        settings.metrics,
+    ));
+    actix_web::rt::spawn(crate::history::sample_loop(
+        history.clone(),
+        metrics.clone(),
+        spool_state.clone(),
+        admin_pool.clone(),
+    ));
     let state = web::Data::new(AppState {
         registry,
         pool,
@@ -372,12 +428,20 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         broker_id: broker_id.clone(),
         cache,
         metrics,
+        history,
         payload_key,
+        undecryptable: Arc::default(),
         handoffs,
-        ack_group: storage::ack_group::AckGroup::start(ack_pool, ACK_WORKERS),
+        ack_group: storage::consume::ack_group::AckGroup::start(
+            ack_pool,
+            ACK_WORKERS,
+            group_answer_within,
+        ),
         claims,
         ahead,
+        autopilot: Arc::default(),
         primary: primary.clone(),
+        ephemeral: ephemeral.clone(),
     });
     let data = state.clone();
     let addr = format!("{}:{}", settings.host, settings.port);
@@ -391,6 +455,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
                 crate::http::inputs::checked(patterns.clone(), req, next)
             }))
             .wrap(Gate::new(gatekeeper.clone()))
+            .wrap(actix_web::middleware::from_fn(crate::http::origin::guard))
             .wrap(crate::http::cors_headers())
             // Outermost: every answer (the gate's too) gets a request id and is counted.
             .wrap(actix_web::middleware::from_fn(
@@ -398,16 +463,67 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
             ))
             .configure(crate::http::configure)
     })
+    // A long-poll pop looks whether its client is still there before it claims.
+    .on_connect(crate::http::PeerSocket::on_connect)
     .workers(settings.workers)
     .max_connections(connections_per_worker(&settings))
-    .shutdown_timeout(30)
-    .bind(&addr)
+    .shutdown_timeout(30);
+    // With a certificate the listener speaks TLS only: a plain-text request fails its handshake.
+    let server = match &tls {
+        Some(store) => server.bind_rustls_0_23(&addr, store.server_config()),
+        None => server.bind(&addr),
+    }
     .map_err(|source| StartError::Bind {
         addr: addr.clone(),
         source,
     })?;
     let port = server.addrs().first().map_or(settings.port, |a| a.port());
+    if let Some(store) = &tls {
+        // Installed before the server runs: from here on SIGHUP reloads, it never kills.
+        let reloads = crate::tls::reload_on_hangup(store.clone()).map_err(StartError::Hangup)?;
+        actix_web::rt::spawn(reloads);
+    }
     let server = server.run();
+    let mut arbiters = vec![committer_arbiter, partition_arbiter];
+    let kafka_port = match &settings.kafka {
+        None => None,
+        Some(kafka_settings) => {
+            let kafka_addr = format!("{}:{}", settings.host, kafka_settings.port);
+            let listener =
+                crate::kafka::bind(&settings.host, kafka_settings).map_err(|source| {
+                    StartError::Bind {
+                        addr: kafka_addr,
+                        source,
+                    }
+                })?;
+            let kafka_port = listener
+                .local_addr()
+                .map_or(kafka_settings.port, |a| a.port());
+            let kafka = Arc::new(crate::kafka::Kafka::new(
+                state.clone().into_inner(),
+                kafka_settings.clone(),
+                kafka_port,
+            ));
+            // The Kafka connections run on threads of their own (as many as the HTTP workers),
+            // beside the HTTP workers; the first also accepts and keeps the group clock.
+            let kafka_arbiters: Vec<Arbiter> = (0..settings.workers.max(1))
+                .map(|_| Arbiter::new())
+                .collect();
+            let threads = kafka_arbiters.iter().map(Arbiter::handle).collect();
+            let ticking = kafka.clone();
+            kafka_arbiters[0].spawn(async move {
+                tokio::task::spawn_local(crate::kafka::groups::tick_loop(ticking));
+                crate::kafka::serve(listener, kafka, threads).await;
+            });
+            arbiters.extend(kafka_arbiters);
+            tracing::info!(
+                port = kafka_port,
+                advertised_host = %kafka_settings.advertised_host,
+                "Kafka listener serving"
+            );
+            Some(kafka_port)
+        }
+    };
     tracing::info!(
         host = %settings.host,
         port,
@@ -417,6 +533,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         database = %options.get_database().unwrap_or("(the user's name)"),
         private_database = private_cluster.is_some(),
         metrics = settings.metrics,
+        tls = tls.is_some(),
         "queen-broker listening"
     );
     Ok(Broker {
@@ -425,7 +542,9 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         server: Some(server),
         state,
         primary,
-        arbiters: vec![committer_arbiter, partition_arbiter],
+        tls,
+        kafka_port,
+        arbiters,
         listener,
         private_cluster,
     })
@@ -535,10 +654,10 @@ async fn poll_flags(
 /// Tries the encryption key on a stored sealed message once at start, so a broker started with
 /// the wrong key (or none) says so at once, naming a message, instead of at its first pop.
 async fn check_key(pool: PgPool, key: Option<PayloadKey>) {
-    use crate::storage::crypto::KeyCheck;
+    use crate::storage::segments::key_check::KeyCheck;
     let checked = async {
         let mut conn = pool.acquire().await?;
-        storage::crypto::check_key(&mut conn, key.as_ref()).await
+        storage::segments::key_check::check_key(&mut conn, key.as_ref()).await
     };
     match checked.await {
         Ok(KeyCheck::NothingSealed | KeyCheck::Opens) => {}
@@ -572,5 +691,36 @@ async fn report_spool(spool: Arc<SpoolState>, every: Duration) {
                 "spool status"
             );
         }
+    }
+}
+
+/// The ephemeral queues' upkeep: loads the declared queues from PostgreSQL (retrying until it
+/// answers: they come back declared and empty), then runs lease expiry, TTL and idle-group
+/// cleanup every second.
+async fn ephemeral_upkeep(store: Arc<crate::ephemeral::Store>, pool: PgPool) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut loaded = false;
+    loop {
+        tick.tick().await;
+        if !loaded {
+            let read = async {
+                let mut conn = pool.acquire().await?;
+                storage::queues::ephemeral::all(&mut conn).await
+            };
+            match read.await {
+                Ok(declared) => {
+                    for (queue, options) in declared {
+                        match crate::ephemeral::Options::parse(Some(&options)) {
+                            Ok(options) => store.ensure(&queue, Some(options)),
+                            Err(e) => tracing::warn!(queue = %queue, error = %e,
+                                "stored ephemeral options no longer parse; the queue keeps the defaults"),
+                        }
+                    }
+                    loaded = true;
+                }
+                Err(e) => tracing::debug!(error = %e, "ephemeral declarations not read yet"),
+            }
+        }
+        store.sweep();
     }
 }

@@ -58,7 +58,7 @@ pub fn builder(level: &str, json: bool) -> env_logger::Builder {
                 "[{ts} {:<5} {}] {}",
                 record.level(),
                 record.target(),
-                record.args()
+                one_line(&record.args().to_string())
             )?;
             match request_id() {
                 Some(id) => writeln!(buf, " request_id={id}"),
@@ -67,6 +67,24 @@ pub fn builder(level: &str, json: bool) -> env_logger::Builder {
         });
     }
     builder
+}
+
+/// A message as one text line: control characters (a newline or an escape sequence in a queue
+/// name or a transactionId a client sent) are written escaped (`\n`, `\u{1b}`), so no
+/// client-chosen text can start a forged log line or drive the reader's terminal.
+pub fn one_line(message: &str) -> std::borrow::Cow<'_, str> {
+    if !message.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(message);
+    }
+    let mut out = String::with_capacity(message.len() + 8);
+    for c in message.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// One record as a JSON object (no newline).
@@ -107,6 +125,16 @@ mod tests {
         assert_eq!(v["target"], "queen_broker::access");
         assert_eq!(v["request_id"], "r-1");
         assert_eq!(v["message"], "pop answered status=200 \"quoted\"\nnext");
+    }
+
+    #[test]
+    fn a_text_line_escapes_control_characters() {
+        assert_eq!(one_line("plain queue q1"), "plain queue q1");
+        assert_eq!(
+            one_line("queue=a\n[2026 ERROR forged] x\r\u{1b}[31m"),
+            "queue=a\\n[2026 ERROR forged] x\\r\\u{1b}[31m"
+        );
+        assert!(!one_line("a\nb\u{0}c\u{7f}").contains(['\n', '\u{0}', '\u{7f}']));
     }
 
     #[actix_rt::test]

@@ -7,7 +7,7 @@ use queen_broker::settings::{CommandLineError, Settings};
 /// jemalloc, not glibc's malloc: glibc gives each allocating thread (HTTP workers, the
 /// partition and committer arbiters) an arena of its own and keeps every arena at its
 /// high-water mark; with 10 000 live partitions that was ≈ 20 MB of resident memory above the
-/// heap in use (docs/benchmarks.md, "Partitions at scale").
+/// heap in use (docs/history/benchmarks.md, "Partitions at scale").
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
@@ -15,7 +15,7 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// them one by one. Freed pages go back to the system after 100 ms instead of 10 s. Each thread
 /// keeps a small cache of freed blocks (blocks up to 1 KiB, at most 32 of a size): without it
 /// every free takes its arena's lock, ≈ 15–20 % of the broker's CPU per message pushed or
-/// consumed; bounded so, it adds ≈ 2 MB to the peak RSS (docs/benchmarks.md, "Peak RSS: the
+/// consumed; bounded so, it adds ≈ 2 MB to the peak RSS (docs/history/benchmarks.md, "Peak RSS: the
 /// allocator" and "Thread caches"). `dirty_decay_ms:0` (at once) takes ≈ 4 MB more off the peak
 /// but costs ≈ 2 µs of broker CPU per pushed message.
 #[allow(unsafe_code, non_upper_case_globals)] // a C string that jemalloc looks up by name

@@ -27,7 +27,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::storage::acks::{Ack, AckOutcome, AckStatus};
+use crate::storage::consume::acks::{Ack, AckOutcome, AckStatus};
 
 /// Latency buckets in seconds: 0.5 ms .. 10 s.
 const LATENCY: &[f64] = &[
@@ -89,7 +89,7 @@ pub struct Gauges {
     /// Switches to another database host since start.
     pub database_switches: u64,
     /// Leases claimed ahead of a consumer's next pop since start: claimed, taken by a pop,
-    /// released unused (`storage::ahead`).
+    /// released unused (`storage::consume::ahead`).
     pub leases_ahead: [u64; 3],
     /// Segments pops took from the segment cache and read from PostgreSQL since start.
     pub cache_reads: [u64; 2],
@@ -99,6 +99,23 @@ pub struct Gauges {
     pub commit_backlog: usize,
     /// Live leases in the database (every broker's), when it answered.
     pub leases: Option<i64>,
+    /// The history's newest (queue, group, backlog, oldest unconsumed seconds) pairs.
+    pub backlogs: Vec<(String, String, i64, f64)>,
+    /// The 2.x state as the history's newest sample read it, if it did.
+    pub state: Option<StateGauges>,
+}
+
+/// The 2.x state's figures for the scrape (bounded: at most ten rows each).
+#[derive(Debug, Default, Clone)]
+pub struct StateGauges {
+    /// (namespace, live keys, bytes).
+    pub namespaces: Vec<(String, i64, i64)>,
+    /// Live lock permits.
+    pub locks_held: i64,
+    /// (queue, pending timers, seconds the earliest is late).
+    pub timers: Vec<(String, i64, f64)>,
+    /// (query, state keys, state bytes).
+    pub streams: Vec<(String, i64, i64)>,
 }
 
 /// Gauges, set from [`Gauges`] at each scrape.
@@ -125,6 +142,28 @@ struct GaugeSet {
     inflight_bytes: IntGauge,
     commit_backlog: IntGauge,
     leases: IntGaugeVec,
+    backlog: IntGaugeVec,
+    oldest: prometheus::GaugeVec,
+    kv_keys: IntGaugeVec,
+    kv_bytes: IntGaugeVec,
+    locks_held: IntGaugeVec,
+    timers_pending: IntGaugeVec,
+    timers_late: prometheus::GaugeVec,
+    stream_keys: IntGaugeVec,
+    stream_bytes: IntGaugeVec,
+}
+
+fn float_gauge_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::GaugeVec {
+    let g = prometheus::GaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("unique metric");
+    g
 }
 
 /// The rates of `GET /metrics`, computed between two calls at least a second apart.
@@ -144,6 +183,7 @@ pub struct Metrics {
     registry: Registry,
     push_by_verdict: [IntCounter; 4],
     pop_messages: IntCounter,
+    undecryptable: IntCounter,
     acks: IntCounterVec,
     http_requests: IntCounterVec,
     http_duration: HistogramVec,
@@ -251,6 +291,11 @@ impl Metrics {
         )
         .expect("valid metric");
         register(&r, pop_messages.clone());
+        let undecryptable = counter(
+            &r,
+            "queen_undecryptable_stops_total",
+            "pops that stopped a partition in front of a message this broker's key cannot open",
+        );
         let acks = counter_vec(
             &r,
             "queen_ack_total",
@@ -424,6 +469,60 @@ impl Metrics {
                 "live leases in the database (all brokers)",
                 &["scope"],
             ),
+            backlog: gauge_vec(
+                &r,
+                "queen_queue_backlog_messages",
+                "messages past the group's cursor, for the QUEEN_HISTORY_QUEUES (queue, group) pairs with the largest backlog (newest history sample)",
+                &["queue", "consumer_group"],
+            ),
+            oldest: float_gauge_vec(
+                &r,
+                "queen_queue_oldest_unconsumed_seconds",
+                "age of the oldest unconsumed message of the same pairs",
+                &["queue", "consumer_group"],
+            ),
+            kv_keys: gauge_vec(
+                &r,
+                "queen_kv_keys",
+                "live KV keys of the ten namespaces with the most",
+                &["namespace"],
+            ),
+            kv_bytes: gauge_vec(
+                &r,
+                "queen_kv_bytes",
+                "bytes of keys and values (JSON text) of the same namespaces",
+                &["namespace"],
+            ),
+            locks_held: gauge_vec(
+                &r,
+                "queen_locks_held",
+                "live lock and semaphore permits (all brokers)",
+                &["scope"],
+            ),
+            timers_pending: gauge_vec(
+                &r,
+                "queen_timers_pending",
+                "timers not yet fired, of the ten queues with timers due first",
+                &["queue"],
+            ),
+            timers_late: float_gauge_vec(
+                &r,
+                "queen_timers_late_seconds",
+                "how far past due the earliest timer of the same queues is",
+                &["queue"],
+            ),
+            stream_keys: gauge_vec(
+                &r,
+                "queen_stream_state_keys",
+                "state keys of a stream query over its partitions (ten queries by name)",
+                &["query"],
+            ),
+            stream_bytes: gauge_vec(
+                &r,
+                "queen_stream_state_bytes",
+                "state bytes of the same stream queries",
+                &["query"],
+            ),
         };
         #[cfg(target_os = "linux")]
         register(
@@ -436,6 +535,7 @@ impl Metrics {
             registry: r,
             push_by_verdict,
             pop_messages,
+            undecryptable,
             acks,
             http_requests,
             http_duration,
@@ -470,6 +570,14 @@ impl Metrics {
             if n > 0 {
                 counter.inc_by(n);
             }
+        }
+    }
+
+    /// A pop stopped a partition in front of a message it cannot open
+    /// (`storage::queues::undecryptable`).
+    pub fn undecryptable(&self) {
+        if self.enabled {
+            self.undecryptable.inc();
         }
     }
 
@@ -531,10 +639,13 @@ impl Metrics {
     }
 
     /// One answered HTTP request: `route` is the route's pattern (`unmatched` for none).
+    /// Every label set is bounded whatever a client sends: the method is folded by
+    /// [`method_label`], and the route is a pattern of the route table or `unmatched`.
     pub fn request(&self, route: &str, method: &str, status: u16, elapsed: Duration) {
         if !self.enabled {
             return;
         }
+        let method = method_label(method);
         let class = match status {
             100..=199 => "1xx",
             200..=299 => "2xx",
@@ -556,6 +667,25 @@ impl Metrics {
                 _ => "error",
             };
             self.pop_duration.with_label_values(&[result]).observe(secs);
+        }
+    }
+
+    /// The totals since start (all zero when recording is off).
+    pub fn totals(&self) -> Totals {
+        use prometheus::core::Metric as _;
+        let acks = self.acks.collect();
+        let commits = self.commit_ok.metric();
+        Totals {
+            pushed: self.push_by_verdict[0].get() + self.push_by_verdict[2].get(),
+            popped: self.pop_messages.get(),
+            acked: sum_of(&acks, "queen_ack_total", &[("result", "success")]) as u64,
+            commit_buckets: commits
+                .get_histogram()
+                .get_bucket()
+                .iter()
+                .map(|b| (b.upper_bound(), b.cumulative_count()))
+                .collect(),
+            commit_count: commits.get_histogram().get_sample_count(),
         }
     }
 
@@ -611,6 +741,40 @@ impl Metrics {
             Some(n) => set.leases.with_label_values(&["cluster"]).set(n),
             None => {
                 let _ = set.leases.remove_label_values(&["cluster"]);
+            }
+        }
+        // The bounded families name only what the newest sample holds.
+        set.backlog.reset();
+        set.oldest.reset();
+        for (queue, group, backlog, oldest) in &g.backlogs {
+            set.backlog.with_label_values(&[queue, group]).set(*backlog);
+            set.oldest.with_label_values(&[queue, group]).set(*oldest);
+        }
+        if let Some(state) = &g.state {
+            for family in [
+                &set.kv_keys,
+                &set.kv_bytes,
+                &set.timers_pending,
+                &set.stream_keys,
+                &set.stream_bytes,
+            ] {
+                family.reset();
+            }
+            set.timers_late.reset();
+            for (ns, keys, bytes) in &state.namespaces {
+                set.kv_keys.with_label_values(&[ns]).set(*keys);
+                set.kv_bytes.with_label_values(&[ns]).set(*bytes);
+            }
+            set.locks_held
+                .with_label_values(&["cluster"])
+                .set(state.locks_held);
+            for (queue, pending, late) in &state.timers {
+                set.timers_pending.with_label_values(&[queue]).set(*pending);
+                set.timers_late.with_label_values(&[queue]).set(*late);
+            }
+            for (query, keys, bytes) in &state.streams {
+                set.stream_keys.with_label_values(&[query]).set(*keys);
+                set.stream_bytes.with_label_values(&[query]).set(*bytes);
             }
         }
         self.registry.gather()
@@ -672,10 +836,21 @@ impl Metrics {
                 "popped": sum("queen_pop_messages_total") as u64,
                 "acked": sum("queen_ack_total") as u64,
             },
+            // One `database` object (a second key would replace the first for most JSON
+            // readers: the dashboard's pool tile showed "—").
             "database": {
                 "poolSize": g.pool_size,
                 "idleConnections": g.pool_idle,
                 "waitingRequests": 0,
+                "host": g.database_host,
+                "switches": g.database_switches,
+                // Every pool of this broker (the dashboard's database tile shows them).
+                "pools": {
+                    "shared": { "size": g.pool_size, "idle": g.pool_idle },
+                    "lease": { "size": g.lease_pool_size, "idle": g.lease_pool_idle },
+                    "claims": { "size": g.claim_pool_size, "idle": g.claim_pool_idle },
+                    "acks": { "size": g.ack_pool_size, "idle": g.ack_pool_idle },
+                },
             },
             "memory": {
                 "rss": sum("process_resident_memory_bytes") as u64,
@@ -695,13 +870,40 @@ impl Metrics {
             },
             "partitionActors": g.partition_actors,
             "partitionActorEvictions": g.partition_evictions,
-            "database": {
-                "host": g.database_host,
-                "switches": g.database_switches,
-            },
             "inflightBytes": g.inflight_bytes,
             "commitBacklogItems": g.commit_backlog,
         })
+    }
+}
+
+/// Running totals the history sampler (`crate::history`) turns into rates and percentiles.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Totals {
+    /// Items answered `queued` or `buffered`.
+    pub pushed: u64,
+    /// Messages handed out by pops.
+    pub popped: u64,
+    /// Acknowledgements that succeeded.
+    pub acked: u64,
+    /// Successful commits: (upper bound in seconds, cumulative count) per finite bucket.
+    pub commit_buckets: Vec<(f64, u64)>,
+    /// Successful commits.
+    pub commit_count: u64,
+}
+
+/// An HTTP method as a metric label: the standard methods as they are, anything else `other`
+/// (a client may send any token as a method; each would be a series of its own).
+pub fn method_label(method: &str) -> &'static str {
+    match method {
+        "GET" => "GET",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "DELETE" => "DELETE",
+        "PATCH" => "PATCH",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        "-" => "-",
+        _ => "other",
     }
 }
 
@@ -743,6 +945,60 @@ impl CommitObserver for Metrics {
             self.commit_partitions.observe(report.segments as f64);
         } else {
             self.commit_failed.observe(secs);
+        }
+    }
+}
+
+// ---- Ephemeral queues ----------------------------------------------------------------------
+// Kept apart from the families above: the ephemeral store (`crate::ephemeral`) holds these
+// handles and sets them as its rings change, so nothing is read at the scrape.
+
+/// The ephemeral queues' families (`queen_ephemeral_*`).
+#[derive(Clone)]
+pub struct EphemeralMetrics {
+    /// Ephemeral queues this broker holds.
+    pub queues: IntGauge,
+    /// Messages in their rings.
+    pub messages: IntGauge,
+    /// Bytes they hold (payloads plus a fixed overhead per message).
+    pub bytes: IntGauge,
+    /// `QUEEN_EPHEMERAL_MAX_BYTES`.
+    pub budget_bytes: IntGauge,
+    /// Messages dropped, by reason (`ttl`, `policy`, `retries`).
+    pub dropped: IntCounterVec,
+}
+
+impl Metrics {
+    /// Registers the ephemeral queues' families on this registry; call once per registry.
+    pub fn ephemeral(&self) -> EphemeralMetrics {
+        let r = &self.registry;
+        EphemeralMetrics {
+            queues: gauge(
+                r,
+                "queen_ephemeral_queues",
+                "ephemeral queues held by this broker",
+            ),
+            messages: gauge(
+                r,
+                "queen_ephemeral_messages",
+                "messages in this broker's ephemeral rings",
+            ),
+            bytes: gauge(
+                r,
+                "queen_ephemeral_bytes",
+                "bytes held by this broker's ephemeral rings (payload plus per-message overhead)",
+            ),
+            budget_bytes: gauge(
+                r,
+                "queen_ephemeral_budget_bytes",
+                "QUEEN_EPHEMERAL_MAX_BYTES: the ephemeral rings' memory budget",
+            ),
+            dropped: counter_vec(
+                r,
+                "queen_ephemeral_dropped_total",
+                "ephemeral messages dropped unconsumed, by reason",
+                &["reason"],
+            ),
         }
     }
 }

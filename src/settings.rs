@@ -175,12 +175,21 @@ variables! {
     QUEEN_MAX_INFLIGHT_BYTES, "queen_max_inflight_bytes", Value("268435456"), Count, "memory held by the write path before 503 + `Retry-After`: request bytes × 2 plus 512 bytes per item";
     QUEEN_MAX_READING_BYTES, "queen_max_reading_bytes", Value("268435456"), Count, "request body bytes being received at once, over all connections, before 503 + `Retry-After`";
     QUEEN_BODY_TIMEOUT_MS, "queen_body_timeout_ms", Value("30000"), Millis, "a request body not fully received in this time gets 408 and its connection is closed";
+    QUEEN_CORS_ORIGINS, "queen_cors_origins", Value("*"), List, "origins a browser may call the API from (`Access-Control-Allow-Origin`); `*` is any origin. Whatever the list, a cross-origin write whose content type is not `application/json` (a form or `text/plain`, which a browser sends without asking first) is refused with 403 unless its origin is listed by name (docs/operations.md)";
     QUEEN_MAX_CONNECTIONS, "queen_max_connections", Value("10000"), Count, "open client connections at most (further ones wait in the listen backlog); capped below the open-file limit";
+    QUEEN_TLS_CERT_FILE, "queen_tls_cert_file", Absent("unset: plain HTTP"), Path, "PEM file of the HTTP listener's certificate chain (its own certificate first, then the intermediates); with `QUEEN_TLS_KEY_FILE` the listener serves HTTPS only, and SIGHUP reads both files again (docs/operations.md, \"TLS\")";
+    QUEEN_TLS_KEY_FILE, "queen_tls_key_file", Absent("unset: plain HTTP"), Path, "PEM file of the private key of `QUEEN_TLS_CERT_FILE` (PKCS#8, PKCS#1 or SEC1; not encrypted)";
+    QUEEN_KAFKA_PORT, "queen_kafka_port", Absent("unset: no Kafka listener"), Port, "port of the Kafka listener on `HOST` (0 picks a free one): Kafka clients produce and consume the same queues and partitions (docs/kafka.md)";
+    QUEEN_KAFKA_ADVERTISED_HOST, "queen_kafka_advertised_host", Absent("`HOST`, or `127.0.0.1` when that is `0.0.0.0`"), Text, "the host the Kafka listener names in its metadata answers (every broker names itself the leader of every partition and the coordinator of every group)";
+    QUEEN_KAFKA_DEFAULT_PARTITIONS, "queen_kafka_default_partitions", Value("1"), Count, "partitions of a topic created by a Kafka produce or metadata request that names it (CreateTopics sets its own count)";
+    QUEEN_KAFKA_MAX_FRAME_BYTES, "queen_kafka_max_frame_bytes", Value("104857600"), Bytes, "a Kafka request larger than this closes its connection (other connections are served on)";
     LOG_LEVEL, "log_level", Value("info"), Choice(super::LOG_LEVELS), "log level; `RUST_LOG` refines it";
     LOG_FORMAT, "log_format", Value("text"), Choice(super::LOG_FORMATS), "log lines as text, or one JSON object per line";
     QUEEN_METRICS, "queen_metrics", Value("true"), Bool, "count requests, messages and commits for `/metrics` (`false` leaves the counters and histograms at zero; gauges are still read)";
+    QUEEN_HISTORY_INTERVAL_MS, "queen_history_interval_ms", Value("10000"), MillisOrZero, "the broker samples its rates, backlog per queue and group, spool bytes and commit latency this often and keeps the last 360 samples (an hour at the default) for the dashboard's charts and `GET /api/v1/system/history` (0 turns the sampler off; docs/operations.md, \"History\")";
+    QUEEN_HISTORY_QUEUES, "queen_history_queues", Value("10"), Count, "(queue, consumer group) pairs with the largest backlog kept in each history sample (at most 100); reading them is one statement over the consumer rows per sample";
     QUEEN_CONFIG, -, Absent("`config/queen.toml` when present"), Path, "the TOML file read under the environment";
-    DATABASE_URL, "database_url", Absent(""), Url(&["postgres://", "postgresql://"]), "PostgreSQL URL; wins over the `PG_*` variables; may list several hosts, libpq's way (`postgres://u:p@h1:5432,h2:5432/db?target_session_attrs=read-write`): the broker writes to whichever accepts writes";
+    DATABASE_URL, "database_url", Absent(""), Url(&["postgres://", "postgresql://"]), "PostgreSQL URL; wins over the `PG_*` variables; may list several hosts, libpq's way (`postgres://u:p@h1:5432,h2:5432/db?target_session_attrs=read-write`): the broker writes to whichever accepts writes; TLS to PostgreSQL with libpq's `sslmode` and `sslrootcert` parameters (`?sslmode=verify-full&sslrootcert=/etc/queen/pg-ca.pem`; docs/operations.md, \"TLS\")";
     PG_HOST, "pg_host", Value("localhost"), Text, "PostgreSQL host; `h1,h2` lists several (the broker writes to the primary)";
     PG_PORT, "pg_port", Value("5432"), Port, "PostgreSQL port";
     PG_USER, "pg_user", Value("postgres"), Text, "PostgreSQL user";
@@ -200,6 +209,7 @@ variables! {
     QUEEN_CONSUMER_LAG_MS, "queen_consumer_lag_ms", Value("100"), MillisOrZero, "when a pop hands out a message that waited this long (its consumers are behind), pushes commit one transaction at a time for the next 250 ms instead of spilling into parallel ones, pausing after each the longer the further behind (1 ms per 4 ms beyond this, at most 30 ms), leaving CPU to the consumers (0 turns this off)";
     QUEEN_COMMIT_TIMEOUT_MS, "queen_commit_timeout_ms", Value("10000"), Millis, "a commit taking longer counts as PostgreSQL unreachable (its items are spooled)";
     QUEEN_SEGMENT_CACHE_BYTES, "queen_segment_cache_bytes", Value("8388608"), Bytes, "committed segments kept in memory for pops and acks, of queues popped on this broker within the last minute (0 turns the cache off)";
+    QUEEN_EPHEMERAL_MAX_BYTES, "queen_ephemeral_max_bytes", Value("268435456"), Bytes, "memory all ephemeral queues of this broker may hold (payloads plus 128 bytes per message); a push past it gets 503 + `Retry-After` (0 refuses every ephemeral push)";
     QUEEN_PARTITION_MAX_PENDING, "queen_partition_max_pending", Value("100000"), Count, "items waiting in one partition before 503";
     QUEEN_PARTITION_IDLE_MS, "queen_partition_idle_ms", Value("30000"), Millis, "an idle partition actor stops after this";
     QUEEN_PARTITION_ACTORS_MAX, "queen_partition_actors_max", Value("10000"), Count, "live partition actors at most: beyond it the least recently used idle ones stop (bounds memory however many partitions are written; docs/operations.md)";
@@ -266,6 +276,123 @@ pub fn markdown_table_of(keep: impl Fn(&Variable) -> bool) -> String {
             meaning += "; environment only";
         }
         out += &format!("| `{}` | {default} | {meaning} |\n", v.name);
+    }
+    out
+}
+
+/// Example values for the settings that have no default, shown in the example file.
+const EXAMPLES: &[(&str, &str)] = &[
+    ("NUM_WORKERS", "4"),
+    ("QUEEN_TLS_CERT_FILE", "/etc/queen/tls/cert.pem"),
+    ("QUEEN_TLS_KEY_FILE", "/etc/queen/tls/key.pem"),
+    (
+        "DATABASE_URL",
+        "postgres://queen:secret@db.example.com:5432/queen?sslmode=verify-full&sslrootcert=/etc/queen/pg-ca.pem",
+    ),
+    (
+        "QUEEN_ENCRYPTION_KEY",
+        "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f",
+    ),
+    ("JWT_SECRET", "change-me"),
+    (
+        "JWT_PUBLIC_KEY",
+        "-----BEGIN PUBLIC KEY-----\n...\n-----END PUBLIC KEY-----",
+    ),
+    ("JWT_JWKS_URL", "https://auth.example.com/.well-known/jwks.json"),
+    ("JWT_ISSUER", "https://auth.example.com/"),
+    ("JWT_AUDIENCE", "queen"),
+];
+
+/// A value as TOML: numbers and booleans bare, everything else a basic string.
+fn toml_value(kind: Kind, value: &str) -> String {
+    let bare = match kind {
+        Kind::Port
+        | Kind::Count
+        | Kind::Millis
+        | Kind::MillisOrZero
+        | Kind::Seconds
+        | Kind::SecondsOrZero
+        | Kind::Bytes => value.parse::<u64>().is_ok(),
+        Kind::Bool => matches!(value, "true" | "false"),
+        _ => false,
+    };
+    if bare {
+        return value.to_string();
+    }
+    let mut out = String::from('"');
+    for c in value.chars() {
+        match c {
+            '"' => out += "\\\"",
+            '\\' => out += "\\\\",
+            '\n' => out += "\\n",
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// `text` as `# ` comment lines of at most `width` characters (a longer word stays whole).
+fn comment_lines(text: &str, width: usize) -> String {
+    let mut out = String::new();
+    let mut line = String::from("#");
+    for word in text.split_whitespace() {
+        if line.len() > 1 && line.len() + 1 + word.len() > width {
+            out += &line;
+            out.push('\n');
+            line = String::from("#");
+        }
+        line.push(' ');
+        line += word;
+    }
+    out += &line;
+    out.push('\n');
+    out
+}
+
+/// `config/queen.example.toml`, generated from [`VARIABLES`]: every setting the file can hold,
+/// each with its meaning and default, commented out (a test keeps the file current; with
+/// `QUEEN_BLESS=1` that test writes it).
+pub fn example_toml() -> String {
+    let mut out = String::from(
+        "# Example configuration of queen-broker, generated from the settings table in\n\
+         # src/settings.rs (do not edit by hand: `QUEEN_BLESS=1 cargo test --lib example_configuration`\n\
+         # writes it again). Copy it to config/queen.toml (read when present) or point QUEEN_CONFIG at\n\
+         # it. Keys are the environment variables' names in any case; the environment and the\n\
+         # command line win over the file. Every line is commented out: the value shown is the\n\
+         # default, or an example where there is none.\n",
+    );
+    for v in VARIABLES {
+        let Some(key) = v.toml else { continue };
+        let mut meaning = format!("{}: {}", v.name, v.help.replace('`', ""));
+        match v.kind {
+            Kind::Choice(words) | Kind::Url(words) => {
+                meaning += &format!(" ({})", or_list(words, ""));
+            }
+            Kind::Bool => meaning += " (true or false)",
+            Kind::List => meaning += " (comma-separated)",
+            Kind::Secret => meaning += "; secret, never logged",
+            _ => {}
+        }
+        let (value, note) = match v.default {
+            Fallback::Value(value) => (Some(value), format!("Default: {}", v.default_text())),
+            Fallback::Absent(_) => (
+                EXAMPLES.iter().find(|(n, _)| *n == v.name).map(|(_, e)| *e),
+                format!(
+                    "Default: {}",
+                    match v.default_text().as_str() {
+                        "—" => "unset".to_string(),
+                        text => text.replace('`', ""),
+                    }
+                ),
+            ),
+        };
+        out.push('\n');
+        out += &comment_lines(&format!("{meaning}. {note}."), 98);
+        match value {
+            Some(value) => out += &format!("# {key} = {}\n", toml_value(v.kind, value)),
+            None => out += &format!("# {key} = \"\"\n"),
+        }
     }
     out
 }
@@ -513,6 +640,8 @@ pub struct Settings {
     pub commit_timeout: Duration,
     /// Bytes of committed segments kept in memory for pops and acks (0: none).
     pub segment_cache_bytes: usize,
+    /// Memory all ephemeral queues may hold.
+    pub ephemeral_max_bytes: usize,
     /// Memory (request bytes × 2 + 512 per item) in the write path before 503.
     pub max_inflight_bytes: usize,
     /// Body bytes being received at once before 503.
@@ -568,6 +697,15 @@ pub struct Settings {
     pub log_json: bool,
     /// Whether counters and histograms are recorded.
     pub metrics: bool,
+    /// How often the history sampler runs (`QUEEN_HISTORY_INTERVAL_MS`; zero: off).
+    pub history_interval: Duration,
+    /// (queue, group) pairs per history sample (`QUEEN_HISTORY_QUEUES`, at most 100).
+    pub history_queues: usize,
+    /// `QUEEN_CORS_ORIGINS`: origins allowed to call from a browser (`*`: any).
+    pub cors_origins: Vec<String>,
+    /// `QUEEN_TLS_CERT_FILE` and `QUEEN_TLS_KEY_FILE`: the listener serves HTTPS with them
+    /// (`None`: plain HTTP).
+    pub tls: Option<TlsFiles>,
     /// Authentication (`JWT_*`).
     pub jwt: JwtSettings,
     /// Pop `batch` when the request leaves it out (`DEFAULT_BATCH_SIZE`).
@@ -578,6 +716,30 @@ pub struct Settings {
     pub default_subscription_new: bool,
     /// `QUEEN_ENCRYPTION_KEY`, decoded.
     pub encryption_key: Option<EncryptionKey>,
+    /// The Kafka listener, when `QUEEN_KAFKA_PORT` is set.
+    pub kafka: Option<KafkaSettings>,
+}
+
+/// The Kafka listener's settings (docs/kafka.md).
+#[derive(Clone, Debug)]
+pub struct KafkaSettings {
+    /// Port on `HOST` (0: a free one).
+    pub port: u16,
+    /// The host named in metadata answers.
+    pub advertised_host: String,
+    /// Partitions of an auto-created topic.
+    pub default_partitions: i32,
+    /// Largest request frame.
+    pub max_frame_bytes: usize,
+}
+
+/// The certificate chain and private key of the HTTP listener (`crate::tls` reads them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// `QUEEN_TLS_CERT_FILE`: PEM certificate chain, the listener's own certificate first.
+    pub cert_file: PathBuf,
+    /// `QUEEN_TLS_KEY_FILE`: PEM private key of that certificate.
+    pub key_file: PathBuf,
 }
 
 /// The 32 bytes of `QUEEN_ENCRYPTION_KEY`; `Debug` never shows them.
@@ -951,6 +1113,7 @@ impl Settings {
             consumer_lag: src.duration(&QUEEN_CONSUMER_LAG_MS)?,
             commit_timeout: src.duration(&QUEEN_COMMIT_TIMEOUT_MS)?,
             segment_cache_bytes: src.bytes(&QUEEN_SEGMENT_CACHE_BYTES)? as usize,
+            ephemeral_max_bytes: src.bytes(&QUEEN_EPHEMERAL_MAX_BYTES)? as usize,
             max_inflight_bytes: src.count(&QUEEN_MAX_INFLIGHT_BYTES)? as usize,
             max_reading_bytes: src.count(&QUEEN_MAX_READING_BYTES)? as usize,
             body_timeout: src.duration(&QUEEN_BODY_TIMEOUT_MS)?,
@@ -978,10 +1141,15 @@ impl Settings {
             log_level: src.choice(&LOG_LEVEL)?.to_string(),
             log_json: src.choice(&LOG_FORMAT)? == "json",
             metrics: src.flag(&QUEEN_METRICS)?,
+            history_interval: src.duration(&QUEEN_HISTORY_INTERVAL_MS)?,
+            history_queues: (src.count(&QUEEN_HISTORY_QUEUES)? as usize).min(100),
+            cors_origins: src.list(&QUEEN_CORS_ORIGINS),
+            tls: tls_files(src)?,
             jwt: jwt_settings(src)?,
             default_batch: src.count(&DEFAULT_BATCH_SIZE)? as usize,
             default_timeout: src.duration(&DEFAULT_TIMEOUT)?,
             default_subscription_new: src.choice(&DEFAULT_SUBSCRIPTION_MODE)? == "new",
+            kafka: kafka_settings(src)?,
             encryption_key: match src.text(&QUEEN_ENCRYPTION_KEY) {
                 None => None,
                 Some(text) => Some(
@@ -990,6 +1158,84 @@ impl Settings {
                 ),
             },
         })
+    }
+}
+
+/// Reads the `QUEEN_KAFKA_*` variables (`None` without `QUEEN_KAFKA_PORT`).
+fn kafka_settings(src: &Source) -> Result<Option<KafkaSettings>, SettingsError> {
+    use var::*;
+    // Every variable is read (and checked) even without a port, so a typo shows at once.
+    let port: Option<u16> = match src.given(&QUEEN_KAFKA_PORT) {
+        Some(raw) => Some(src.number(&QUEEN_KAFKA_PORT, raw)?),
+        None => None,
+    };
+    let host = src.required(&HOST)?.trim().to_string();
+    let advertised_host = match src.text(&QUEEN_KAFKA_ADVERTISED_HOST) {
+        Some(h) => h.trim().to_string(),
+        None if host == "0.0.0.0" || host == "::" => "127.0.0.1".to_string(),
+        None => host,
+    };
+    let partitions = src.count(&QUEEN_KAFKA_DEFAULT_PARTITIONS)?;
+    let default_partitions = i32::try_from(partitions)
+        .ok()
+        .filter(|n| *n <= 100_000)
+        .ok_or_else(|| {
+            invalid(
+                &QUEEN_KAFKA_DEFAULT_PARTITIONS,
+                &partitions.to_string(),
+                "at most 100000",
+            )
+        })?;
+    let max_frame = src.bytes(&QUEEN_KAFKA_MAX_FRAME_BYTES)?;
+    if max_frame < 1024 {
+        return Err(invalid(
+            &QUEEN_KAFKA_MAX_FRAME_BYTES,
+            &max_frame.to_string(),
+            "at least 1024 bytes",
+        ));
+    }
+    let Some(port) = port else {
+        return Ok(None);
+    };
+    // The Kafka listener has no SASL yet: with authentication on it would be a way around it.
+    if src.flag(&JWT_ENABLED)? {
+        return Err(invalid(
+            &QUEEN_KAFKA_PORT,
+            &port.to_string(),
+            "the Kafka listener does not authenticate (no SASL yet), so it cannot run with JWT_ENABLED=true",
+        ));
+    }
+    Ok(Some(KafkaSettings {
+        port,
+        advertised_host,
+        default_partitions,
+        max_frame_bytes: usize::try_from(max_frame).unwrap_or(usize::MAX),
+    }))
+}
+
+/// Reads `QUEEN_TLS_CERT_FILE` and `QUEEN_TLS_KEY_FILE`: both or neither (the files themselves
+/// are read by `crate::tls` when the broker starts).
+fn tls_files(src: &Source) -> Result<Option<TlsFiles>, SettingsError> {
+    use var::*;
+    match (
+        src.text(&QUEEN_TLS_CERT_FILE),
+        src.text(&QUEEN_TLS_KEY_FILE),
+    ) {
+        (None, None) => Ok(None),
+        (Some(cert), Some(key)) => Ok(Some(TlsFiles {
+            cert_file: PathBuf::from(cert),
+            key_file: PathBuf::from(key),
+        })),
+        (Some(cert), None) => Err(invalid(
+            &QUEEN_TLS_CERT_FILE,
+            &cert,
+            "QUEEN_TLS_KEY_FILE must be set too (HTTPS needs the certificate and its key)",
+        )),
+        (None, Some(key)) => Err(invalid(
+            &QUEEN_TLS_KEY_FILE,
+            &key,
+            "QUEEN_TLS_CERT_FILE must be set too (HTTPS needs the certificate and its key)",
+        )),
     }
 }
 
@@ -1252,11 +1498,79 @@ mod tests {
     }
 
     #[test]
+    fn tls_needs_both_files_and_is_off_by_default() {
+        assert_eq!(Settings::from_map(env(&[])).unwrap().tls, None);
+        let s = Settings::from_map(env(&[
+            ("QUEEN_TLS_CERT_FILE", "/etc/queen/tls/cert.pem"),
+            ("QUEEN_TLS_KEY_FILE", "/etc/queen/tls/key.pem"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            s.tls,
+            Some(TlsFiles {
+                cert_file: "/etc/queen/tls/cert.pem".into(),
+                key_file: "/etc/queen/tls/key.pem".into(),
+            })
+        );
+        for (set, missing) in [
+            ("QUEEN_TLS_CERT_FILE", "QUEEN_TLS_KEY_FILE"),
+            ("QUEEN_TLS_KEY_FILE", "QUEEN_TLS_CERT_FILE"),
+        ] {
+            let err = Settings::from_map(env(&[(set, "/x.pem")]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(set) && err.contains(missing) && err.contains("/x.pem"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
     fn zero_pool_size_is_refused() {
         let err = Settings::from_map(env(&[("DB_POOL_SIZE", "0")]))
             .unwrap_err()
             .to_string();
         assert!(err.contains("DB_POOL_SIZE"), "{err}");
+    }
+
+    #[test]
+    fn the_kafka_listener_is_off_unless_its_port_is_set_and_refuses_to_run_with_auth() {
+        let off = Settings::from_map(env(&[])).expect("defaults");
+        assert!(off.kafka.is_none());
+        let on = Settings::from_map(env(&[("QUEEN_KAFKA_PORT", "9092")])).expect("kafka on");
+        let kafka = on.kafka.expect("kafka settings");
+        assert_eq!(kafka.port, 9092);
+        // HOST defaults to 0.0.0.0, which is no address to advertise.
+        assert_eq!(kafka.advertised_host, "127.0.0.1");
+        assert_eq!(kafka.default_partitions, 1);
+        let named = Settings::from_map(env(&[
+            ("QUEEN_KAFKA_PORT", "0"),
+            ("HOST", "10.1.2.3"),
+            ("QUEEN_KAFKA_DEFAULT_PARTITIONS", "6"),
+        ]))
+        .expect("kafka on")
+        .kafka
+        .expect("kafka settings");
+        assert_eq!(
+            (named.advertised_host.as_str(), named.default_partitions),
+            ("10.1.2.3", 6)
+        );
+        let err = Settings::from_map(env(&[
+            ("QUEEN_KAFKA_PORT", "9092"),
+            ("JWT_ENABLED", "true"),
+            ("JWT_SECRET", "s"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("QUEEN_KAFKA_PORT") && err.contains("JWT_ENABLED"),
+            "{err}"
+        );
+        let err = Settings::from_map(env(&[("QUEEN_KAFKA_PORT", "x")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("QUEEN_KAFKA_PORT"), "{err}");
     }
 
     #[test]
@@ -1303,6 +1617,67 @@ mod tests {
             generated(include_str!("../README.md"), "settings table") == table,
             "README.md's configuration table is out of date; put this between the markers:\n{table}"
         );
+    }
+
+    #[test]
+    fn the_example_configuration_is_the_settings_table() {
+        let example = example_toml();
+        if std::env::var_os("QUEEN_BLESS").is_some_and(|v| v == "1") {
+            let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/queen.example.toml");
+            std::fs::write(path, &example).expect("write config/queen.example.toml");
+            return;
+        }
+        assert!(
+            include_str!("../config/queen.example.toml") == example,
+            "config/queen.example.toml is out of date; run \
+             `QUEEN_BLESS=1 cargo test --lib example_configuration` to write it again"
+        );
+    }
+
+    #[test]
+    fn the_example_configuration_sets_every_key_once_and_parses_as_the_defaults() {
+        // Uncomment every `# key = value` line: the result is TOML holding each file key once.
+        let uncommented: String = example_toml()
+            .lines()
+            .filter_map(|l| l.strip_prefix("# "))
+            .filter(|l| {
+                l.split_once(" = ")
+                    .is_some_and(|(k, _)| VARIABLES.iter().any(|v| v.toml == Some(k)))
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let table: toml::Table = uncommented.parse().expect("the example is TOML");
+        for v in VARIABLES {
+            match v.toml {
+                Some(key) => {
+                    let value = table.get(key).unwrap_or_else(|| panic!("{key} is missing"));
+                    if let Some(default) = v.default.value() {
+                        let text = match value {
+                            toml::Value::String(s) => s.clone(),
+                            other => other.to_string(),
+                        };
+                        assert_eq!(text, default, "{key} does not show its default");
+                    }
+                }
+                None => assert!(!uncommented.contains(&v.name.to_ascii_lowercase())),
+            }
+        }
+        assert_eq!(
+            table.len(),
+            VARIABLES.iter().filter(|v| v.toml.is_some()).count()
+        );
+        // Every value shown (defaults and examples) parses as its setting, bar the TLS files,
+        // which must exist, and JWT key material, which needs JWT on to be read in full.
+        let path = std::env::temp_dir().join(format!("queen-example-{}.toml", std::process::id()));
+        let file: String = uncommented
+            .lines()
+            .filter(|l| !l.starts_with("queen_tls_") && !l.starts_with("jwt_"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        std::fs::write(&path, file).unwrap();
+        let parsed = Settings::from_map(env(&[("QUEEN_CONFIG", path.to_str().unwrap())]));
+        std::fs::remove_file(&path).unwrap();
+        parsed.expect("the example's values parse");
     }
 
     #[test]

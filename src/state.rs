@@ -13,16 +13,18 @@ use broker_actors::registry::Registry;
 use broker_actors::spool::SpoolHandle;
 use sqlx::PgPool;
 
+use crate::ephemeral::Store as EphemeralStore;
 use crate::metrics::Metrics;
 use crate::settings::Settings;
-use crate::storage::ack_group::AckGroup;
-use crate::storage::ahead::AheadLeases;
-use crate::storage::cache::SegmentCache;
-use crate::storage::claim_group::ClaimGroup;
-use crate::storage::crypto::PayloadKey;
-use crate::storage::handoff::Handoffs;
-use crate::storage::hosts::Primary;
-use crate::storage::{system, StorageError};
+use crate::storage::cluster::hosts::Primary;
+use crate::storage::consume::ack_group::AckGroup;
+use crate::storage::consume::ahead::AheadLeases;
+use crate::storage::consume::autopilot::Autopilot;
+use crate::storage::consume::claim_group::ClaimGroup;
+use crate::storage::consume::handoff::Handoffs;
+use crate::storage::segments::cache::SegmentCache;
+use crate::storage::segments::crypto::PayloadKey;
+use crate::storage::{cluster::system, StorageError};
 use crate::wake::WakeHub;
 
 /// Request bytes currently held by the write path.
@@ -92,19 +94,27 @@ pub struct AppState {
     pub cache: Arc<SegmentCache>,
     /// This broker's metrics registry.
     pub metrics: Arc<Metrics>,
+    /// The last hour of rates, backlogs, spool and commit latency (`crate::history`).
+    pub history: Arc<crate::history::History>,
     /// The key of encrypted queues (`QUEEN_ENCRYPTION_KEY`), if set.
     pub payload_key: Option<PayloadKey>,
     /// Partitions this broker's acks released with messages left, for the next pops
-    /// (`storage::handoff`).
+    /// (`storage::consume::handoff`).
     pub handoffs: Arc<Handoffs>,
-    /// Fast acks grouped into shared commits (`storage::ack_group`).
+    /// Fast acks grouped into shared commits (`storage::consume::ack_group`).
     pub ack_group: AckGroup,
     /// Hand-off claims of the pops, grouped into shared statements.
     pub claims: ClaimGroup,
-    /// Leases claimed for the next pop while an ack commits (`storage::ahead`).
+    /// Leases claimed for the next pop while an ack commits (`storage::consume::ahead`).
     pub ahead: Arc<AheadLeases>,
-    /// The database hosts and which one is the primary now (`storage::hosts`).
+    /// What the pop autopilot learnt, per pop scope and group (`storage::consume::autopilot`).
+    pub autopilot: Arc<Autopilot>,
+    /// The database hosts and which one is the primary now (`storage::cluster::hosts`).
     pub primary: Arc<Primary>,
+    /// Partitions stopped in front of a message this broker's key cannot open.
+    pub undecryptable: Arc<crate::storage::queues::undecryptable::Stops>,
+    /// This broker's ephemeral queues (memory only; `crate::ephemeral`).
+    pub ephemeral: Arc<EphemeralStore>,
 }
 
 /// Bytes currently admitted (for metrics and tests).

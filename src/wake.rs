@@ -4,7 +4,7 @@
 //! Two sources ring the same [`WakeHub`]: the push handler of this broker (right after its `queued`
 //! verdicts) and `listen_loop`, which LISTENs on `queen_push` on a connection of its own and relays
 //! what other brokers' commits announce (every commit sends a NOTIFY naming its partitions, and a
-//! second when they do not all fit, see `storage::commit`). A wake-up is only a hint: the woken pop
+//! second when they do not all fit, see `storage::push::commit`). A wake-up is only a hint: the woken pop
 //! re-reads PostgreSQL, so a spurious or lost wake-up costs latency, never correctness. This module
 //! never decides what a consumer gets.
 
@@ -37,7 +37,7 @@ pub enum WakeKey {
 }
 
 /// What is told of every partition a commit wrote, by queue name and partition id, before its
-/// waiting pops are woken (the broker offers it to them: `storage::handoff`).
+/// waiting pops are woken (the broker offers it to them: `storage::consume::handoff`).
 pub type WrittenHook = Box<dyn Fn(&str, i64) + Send + Sync>;
 
 /// Waiting pops by key; cheap to share.
@@ -192,7 +192,7 @@ impl WakeHub {
     }
 
     /// Wakes one queue-level pop waiting on `key` (a queue or a named group of it), if any: a
-    /// lease was just claimed ahead for the next pop of that group (`storage::ahead`).
+    /// lease was just claimed ahead for the next pop of that group (`storage::consume::ahead`).
     pub fn wake_one(&self, key: &WakeKey) {
         let waiters = self.waiters.lock().expect("wake hub lock poisoned");
         if let Some(n) = waiters.by_key.get(key) {
@@ -260,7 +260,7 @@ enum Written {
 /// fit, a second one with the names of their queues (or `*` when even those do not fit), which
 /// wakes those queues' pops without handing them a partition. One commit costs at most two
 /// notices however many partitions it writes; a queue-level pop holds at most a few hundred
-/// hand-offs anyway (`storage::handoff::MAX_PER_GROUP`). [`WakeHub::apply_payload`] also reads
+/// hand-offs anyway (`storage::consume::handoff::MAX_PER_GROUP`). [`WakeHub::apply_payload`] also reads
 /// the pairs of brokers of earlier versions.
 pub fn notify_payloads(written: &[(&PartitionKey, i64)]) -> Vec<String> {
     let mut named = String::from("[");

@@ -1,4 +1,4 @@
-//! Several brokers on one database (docs/benchmarks.md, "Several brokers"): N broker processes
+//! Several brokers on one database (docs/history/benchmarks.md, "Several brokers"): N broker processes
 //! (each the release binary, its own process, port and spool) against the same fresh database,
 //! the load spread over them: producer connection `c` talks to broker `c mod N`, consumer `k`
 //! to broker `k mod N`.

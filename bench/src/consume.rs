@@ -1,4 +1,4 @@
-//! The consuming scenarios (docs/benchmarks.md, "Consuming"):
+//! The consuming scenarios (docs/history/benchmarks.md, "Consuming"):
 //!
 //! - [`pop_ack`]: the queue is filled first (push, batch 100), then K consumers loop
 //!   `GET /api/v1/pop/queue/bench?batch=100&wait=false` + `POST /api/v1/ack/batch` (every
@@ -11,6 +11,10 @@
 //!   the consumers keep up with that, and the latency when they do. Pops always ask for
 //!   [`POP_BATCH`]; a paced push carries 100 items (10 below 10 %, see
 //!   [`crate::scenario::paced_push_batch`]).
+//!
+//!   The autopilot suite (`crate::autopilot`) runs both with other pops
+//!   ([`crate::scenario::PopStyle`]: a fixed batch, or `autopilot=true` honouring the advised
+//!   `waitMs` or not) and records the broker's echoes ([`AutopilotSeen`]).
 //! - [`wakeup`]: one consumer long-polls the empty queue, the bench pushes one message: the
 //!   time from the push's answer to the pop's answer, sampled [`Params::wakeups`] times.
 //!
@@ -29,10 +33,11 @@ use crate::db::{self, Server};
 use crate::http::HttpConn;
 use crate::measure::{CpuTargets, Window};
 use crate::measurement::{
-    self, ConsumeDetail, Counters, Detail, Latency, Measurement, WakeupDetail, KEPT_UP_DRAIN_SECS,
+    self, AutopilotSeen, ConsumeDetail, Counters, Detail, Latency, Measurement, WakeupDetail,
+    KEPT_UP_DRAIN_SECS,
 };
 use crate::profile;
-use crate::scenario::{trace, Params, Scenario, POP_BATCH};
+use crate::scenario::{trace, Params, PopStyle, Scenario, POP_BATCH};
 use crate::traffic::{self, ConsumerLog, ProducerLog};
 use crate::BoxError;
 
@@ -206,7 +211,8 @@ pub struct Run<'a> {
     pub profiled: Option<&'a str>,
 }
 
-/// Pop + ack on a pre-filled queue; see the module docs.
+/// Pop + ack on a queue pre-filled with `prefill` messages, the consumers popping as `style`
+/// says; see the module docs.
 ///
 /// # Errors
 ///
@@ -215,7 +221,8 @@ pub async fn pop_ack(
     server: &mut Server,
     params: &Params,
     run: Run<'_>,
-    batch: usize,
+    style: PopStyle,
+    prefill: u64,
 ) -> Result<Measurement, BoxError> {
     let Run {
         scenario,
@@ -232,7 +239,7 @@ pub async fn pop_ack(
         100,
         scenario.partitions,
         tag,
-        params.prefill,
+        prefill,
     )
     .await;
     let fill_secs = t.elapsed().as_secs_f64();
@@ -248,11 +255,10 @@ pub async fn pop_ack(
     let stop = Arc::new(AtomicBool::new(false));
     let counter = Arc::new(AtomicU64::new(0));
     let window = Window::after(params.warmup, params.duration);
-    let workers = traffic::consumers(
-        broker.port,
+    let workers = traffic::consumers_with(
+        &[broker.port],
         params.consumers,
-        batch,
-        false,
+        style,
         tag,
         stop.clone(),
         counter.clone(),
@@ -296,11 +302,17 @@ pub async fn pop_ack(
     m.wal_bytes_per_msg = c0.wal_until(&c1, server).await? / (m.msgs_per_sec * secs);
     let (check, consumed_total, committed, live) =
         finish(&mut m, url, &producers, &logs, primed, false).await?;
-    if consumed_total + 1_000 >= prefilled + primed || f.empty > 0 {
+    if consumed_total + 1_000 >= prefilled + primed {
         m.problems.push(format!(
             "the queue ran dry: {consumed_total} of {} consumed, {} empty pops in the window (raise --prefill)",
             prefilled + primed,
             f.empty
+        ));
+    } else if f.empty > 0 {
+        m.problems.push(format!(
+            "{} empty pops in the window with {} messages left (every partition leased?)",
+            f.empty,
+            prefilled + primed - consumed_total
         ));
     }
     m.problems.extend(broker_problems);
@@ -326,12 +338,13 @@ pub async fn pop_ack(
         live_leases: live,
         segment_msgs: None,
         check,
+        autopilot: AutopilotSeen::of(&logs, &window),
     }));
     Ok(m)
 }
 
-/// Producers (as fast as answered, or paced at `pace` msg/s) and consumers together; see the
-/// module docs.
+/// Producers (push `batch`, as fast as answered or paced at `pace` msg/s) and consumers
+/// (popping as `style` says) together; see the module docs.
 ///
 /// # Errors
 ///
@@ -342,6 +355,7 @@ pub async fn end_to_end(
     run: Run<'_>,
     batch: usize,
     pace: Option<f64>,
+    style: PopStyle,
 ) -> Result<Measurement, BoxError> {
     let Run {
         scenario,
@@ -362,11 +376,10 @@ pub async fn end_to_end(
     let stop_consumers = Arc::new(AtomicBool::new(false));
     let counter = Arc::new(AtomicU64::new(0));
     let window = Window::after(params.warmup, params.duration);
-    let consumers = traffic::consumers(
-        broker.port,
+    let consumers = traffic::consumers_with(
+        &[broker.port],
         params.consumers,
-        POP_BATCH,
-        true,
+        style,
         tag,
         stop_consumers.clone(),
         counter.clone(),
@@ -520,6 +533,7 @@ pub async fn end_to_end(
         live_leases: live,
         segment_msgs,
         check,
+        autopilot: AutopilotSeen::of(&clogs, &window),
     }));
     Ok(m)
 }

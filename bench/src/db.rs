@@ -459,7 +459,7 @@ pub async fn stored_transactions(
     let mut rows =
         sqlx::query_scalar::<_, Vec<u8>>("SELECT frames FROM queen.segments").fetch(conn);
     while let Some(bytes) = rows.try_next().await? {
-        for f in queen_broker::storage::frames::decode(&bytes)? {
+        for f in queen_broker::storage::segments::frames::decode(&bytes)? {
             match crate::traffic::parse_txn(f.transaction_id, tag) {
                 Some((c, seq)) => counts.add(c, seq),
                 None => other += 1,

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use queen_broker::storage::{dedup, frames};
+use queen_broker::storage::{push::dedup, segments::frames};
 use sqlx::{Connection, PgConnection};
 use tokio::task::JoinHandle;
 
@@ -253,8 +253,8 @@ async fn insert_segment(
     Ok(())
 }
 
-/// One baseline (1+) transaction; the statements are the broker's (src/storage/commit.rs and
-/// src/storage/dedup.rs) for a batch of one segment.
+/// One baseline (1+) transaction; the statements are the broker's (src/storage/push/commit.rs and
+/// src/storage/push/dedup.rs) for a batch of one segment.
 async fn write_segment(
     conn: &mut PgConnection,
     pid: i64,

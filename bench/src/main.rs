@@ -1,4 +1,4 @@
-//! `bench`: the push path's benchmark (docs/benchmarks.md).
+//! `bench`: the push path's benchmark (docs/history/benchmarks.md).
 //!
 //! In one run, on one machine: starts a durable PostgreSQL (or uses `--database-url`), then for
 //! every scenario starts the real `queen-broker` binary as a separate process against a fresh
@@ -12,14 +12,17 @@
 //! replay's drain rate) and `consume` (pop+ack on a filled queue, and producers with consumers
 //! together, with end-to-end latency). Two scaling suites run when asked: `scale` (push over up
 //! to a million partitions against 100, with the broker's peak RSS) and `brokers` (1, 2, 3
-//! broker processes on one database, push and end-to-end).
+//! broker processes on one database, push and end-to-end). The autopilot suite (when asked)
+//! sets pops the broker sizes (`autopilot=true`) against fixed batches, on a backlog and on a
+//! live stream, with and without honouring the advised `waitMs`.
 //!
-//! Modules, imports pointing down only: `main` (options, plan, rounds) → `scaling` (the scaling
-//! suites' tables) → `report` → `runner` (one measurement: fresh database, dispatch) → the
+//! Modules, imports pointing down only: `main` (options, plan, rounds) → `scaling` and
+//! `autopilot` (those suites' plans and tables) → `report` → `runner` (one measurement: fresh database, dispatch) → the
 //! suites `push`, `spool`, `consume`, `brokers` →
 //! `measurement` (what a measurement produced) and `scenario` (what is measured) → `profile`,
 //! `db`, `traffic`, `load`, `broker` → `measure`, `http`, `data`.
 
+mod autopilot;
 mod broker;
 mod brokers;
 mod consume;
@@ -74,7 +77,10 @@ struct Args {
     /// plain queue (batch 100 each). scale (not run by default): push batch 100 over each of
     /// --scale-partitions, msg/s against 100 partitions and the broker's peak RSS. brokers (not
     /// run by default): 1, 2, 3 (--brokers) broker processes on one database, push batch 100
-    /// and end-to-end, with commit sizes and PostgreSQL CPU.
+    /// and end-to-end, with commit sizes and PostgreSQL CPU. autopilot (not run by default):
+    /// pops sized by the broker (`autopilot=true`) against each of --autopilot-batches, on a
+    /// backlog of --autopilot-prefill messages and on live streams of --autopilot-rates msg/s,
+    /// with empty pops/s (~7 minutes with 2 rounds).
     #[arg(
         long,
         value_delimiter = ',',
@@ -182,6 +188,27 @@ struct Args {
         default_value = "1,2,3"
     )]
     brokers: Vec<usize>,
+    /// Fixed pop batches the autopilot suite compares autopilot with.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "LIST",
+        default_value = "10,100,1000"
+    )]
+    autopilot_batches: Vec<usize>,
+    /// Messages pushed before the autopilot suite's backlog window (enough that the fastest
+    /// consumers do not drain it in warm-up + window).
+    #[arg(long, value_name = "N", default_value_t = 2_000_000)]
+    autopilot_prefill: u64,
+    /// Live-stream rates of the autopilot suite, msg/s offered by the paced producers (pushes
+    /// of 10 items from --connections producers).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "LIST",
+        default_value = "2000,20000"
+    )]
+    autopilot_rates: Vec<u32>,
     /// Print how long each setup step takes.
     #[arg(short, long)]
     verbose: bool,
@@ -227,6 +254,9 @@ struct Options {
     perf: Option<PathBuf>,
     scale_partitions: Vec<u64>,
     brokers: Vec<usize>,
+    autopilot_batches: Vec<usize>,
+    autopilot_prefill: u64,
+    autopilot_rates: Vec<u32>,
 }
 
 /// The parts of the bench.
@@ -241,6 +271,8 @@ enum Suite {
     Scale,
     /// 1, 2, 3 brokers on one database.
     Brokers,
+    /// Autopilot pops against fixed batches (backlog, live stream).
+    Autopilot,
 }
 
 impl Options {
@@ -295,6 +327,19 @@ impl Options {
                 b.dedup();
                 b
             },
+            autopilot_batches: {
+                let mut b = a.autopilot_batches.clone();
+                b.sort_unstable();
+                b.dedup();
+                b
+            },
+            autopilot_prefill: a.autopilot_prefill,
+            autopilot_rates: {
+                let mut r = a.autopilot_rates.clone();
+                r.sort_unstable();
+                r.dedup();
+                r
+            },
         };
         if o.rounds == 0
             || o.connections == 0
@@ -322,6 +367,12 @@ impl Options {
         }
         if o.brokers.is_empty() || o.brokers.contains(&0) {
             return Err("--brokers: broker counts from 1".into());
+        }
+        if o.autopilot_batches.is_empty() || o.autopilot_batches.contains(&0) {
+            return Err("--autopilot-batches: batches from 1".into());
+        }
+        if o.autopilot_rates.contains(&0) {
+            return Err("--autopilot-rates: rates from 1 msg/s".into());
         }
         Ok(o)
     }
@@ -401,6 +452,14 @@ fn plan(o: &Options, can_stop_postgres: bool) -> Vec<Scenario> {
                 });
             }
         }
+    }
+    if o.suites.contains(&Suite::Autopilot) {
+        out.extend(autopilot::plan(
+            &o.autopilot_batches,
+            &o.autopilot_rates,
+            partitions,
+            dedup,
+        ));
     }
     if o.suites.contains(&Suite::Consume) {
         let push_only = Scenario {
@@ -575,6 +634,7 @@ async fn run_on(
         profile: o.profile,
         consumers: o.consumers,
         prefill: o.prefill,
+        autopilot_prefill: o.autopilot_prefill,
         wakeups: o.wakeups,
         perf_dir: o.perf.clone(),
     };
@@ -707,6 +767,23 @@ async fn run_on(
         println!("Several brokers on one database (ratios against 1 broker in the same round):");
         println!("{}", scaling::brokers_table(&brokers_rows));
     }
+    let autopilot_rows = autopilot::rows(&results, o.duration);
+    if autopilot_rows.iter().any(|r| r.live_rate == 0) {
+        println!(
+            "Autopilot, backlog ({} consumers, {} messages filled first, wait=false; ratios against the best fixed batch of the same round):",
+            o.consumers, o.autopilot_prefill
+        );
+        println!("{}", autopilot::backlog_table(&autopilot_rows));
+    }
+    if autopilot_rows.iter().any(|r| r.live_rate > 0) {
+        println!(
+            "Autopilot, live stream ({} consumers, {} paced producers pushing {} items; ratios against the best fixed batch of the same round and rate):",
+            o.consumers,
+            o.connections,
+            scenario::LIVE_PUSH_BATCH
+        );
+        println!("{}", autopilot::live_table(&autopilot_rows));
+    }
     println!("Targets (medians of per-round ratios, same run):");
     println!("{}", report::targets_text(&targets));
     if let Some(path) = &o.json {
@@ -725,6 +802,9 @@ async fn run_on(
                 "prefill": o.prefill,
                 "paced_pct": o.paced,
                 "wakeups": o.wakeups,
+                "autopilot_batches": o.autopilot_batches,
+                "autopilot_prefill": o.autopilot_prefill,
+                "autopilot_rates": o.autopilot_rates,
             },
             "summary": rows,
             "spool": spool_rows,
@@ -733,6 +813,7 @@ async fn run_on(
             "encryption": encryption_rows,
             "scale": scale_rows,
             "brokers": brokers_rows,
+            "autopilot": autopilot_rows,
             "targets": targets,
             "measurements": results.all,
         });
@@ -943,6 +1024,33 @@ mod tests {
         assert!(!plan(&parse(&[]).expect("defaults"), true)
             .iter()
             .any(|s| matches!(s.kind, Kind::Brokers { .. })));
+    }
+
+    #[test]
+    fn the_autopilot_suite_plans_its_workloads_when_asked() {
+        let o = parse(&[
+            "--suites",
+            "autopilot",
+            "--autopilot-batches",
+            "1000,10",
+            "--autopilot-rates",
+            "500",
+        ])
+        .expect("parses");
+        assert_eq!(o.autopilot_batches, vec![10, 1000]);
+        assert_eq!(o.autopilot_prefill, 2_000_000);
+        let p = plan(&o, true);
+        // Backlog: 2 fixed + autopilot; live at 500 msg/s: 2 fixed + 3 autopilot.
+        assert_eq!(p.len(), 3 + 5);
+        assert!(p.iter().all(|s| matches!(s.kind, Kind::Autopilot { .. })));
+        assert!(p.iter().all(|s| s.partitions == 100 && s.dedup));
+        let d = parse(&[]).expect("defaults");
+        assert_eq!(d.autopilot_rates, vec![2000, 20_000]);
+        assert!(!plan(&d, true)
+            .iter()
+            .any(|s| matches!(s.kind, Kind::Autopilot { .. })));
+        assert!(parse(&["--autopilot-batches", "0"]).is_err());
+        assert!(parse(&["--autopilot-rates", "0"]).is_err());
     }
 
     #[test]

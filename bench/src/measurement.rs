@@ -206,6 +206,95 @@ pub struct ConsumeDetail {
     pub segment_msgs: Option<(f64, f64, f64)>,
     /// Every consumed message checked against its push's verdict.
     pub check: traffic::Check,
+    /// What the broker's autopilot chose, when the consumers let it (the autopilot suite).
+    pub autopilot: Option<AutopilotSeen>,
+}
+
+/// What the `autopilot` echoes of one measurement said (answers inside the window).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct AutopilotSeen {
+    /// Answers with an echo.
+    pub answers: u64,
+    /// Echoed `batch`: lowest, most frequent, highest.
+    pub batch: (u32, u32, u32),
+    /// Echoed `partitions`: lowest, most frequent, highest.
+    pub partitions: (u32, u32, u32),
+    /// Mean `partitionsClaimed` of the answers that delivered.
+    pub claimed_per_pop: f64,
+    /// Share of the answers that delivered which filled the echoed batch.
+    pub full_share: f64,
+    /// `waitMs` advised with the empty answers: median and highest (0: none advised).
+    pub wait_ms: (u32, u32),
+    /// Share of the consumers' time (consumers × window) spent pausing after empty answers as
+    /// advised.
+    pub paused_share: f64,
+    /// The echo of the run's first answer (what the controller started from).
+    pub first: Option<traffic::Echo>,
+}
+
+impl AutopilotSeen {
+    /// The echoes of `logs` inside `w`; `None` when there are none.
+    pub fn of(logs: &[traffic::ConsumerLog], w: &crate::measure::Window) -> Option<Self> {
+        let seen: Vec<&traffic::EchoSeen> = logs
+            .iter()
+            .flat_map(|l| &l.echoes)
+            .filter(|e| w.contains(e.at))
+            .collect();
+        if seen.is_empty() {
+            return None;
+        }
+        let spread = |f: fn(&traffic::EchoSeen) -> u32| {
+            let mut counts: std::collections::BTreeMap<u32, u64> = Default::default();
+            for e in &seen {
+                *counts.entry(f(e)).or_default() += 1;
+            }
+            let most = counts
+                .iter()
+                .max_by_key(|(v, n)| (**n, std::cmp::Reverse(**v)))
+                .map_or(0, |(v, _)| *v);
+            let lo = counts.keys().next().copied().unwrap_or(0);
+            let hi = counts.keys().next_back().copied().unwrap_or(0);
+            (lo, most, hi)
+        };
+        let delivered: Vec<&&traffic::EchoSeen> = seen.iter().filter(|e| e.msgs > 0).collect();
+        let mut waits: Vec<u32> = seen
+            .iter()
+            .filter(|e| e.msgs == 0)
+            .map(|e| e.echo.wait_ms)
+            .collect();
+        waits.sort_unstable();
+        let paused: f64 = logs
+            .iter()
+            .flat_map(|l| &l.paused)
+            .map(|(at, d)| {
+                // The part of each pause inside the window.
+                let end = (*at + *d).min(w.end);
+                let start = (*at).max(w.start);
+                end.saturating_duration_since(start).as_secs_f64()
+            })
+            .sum::<f64>()
+            + 0.0; // an empty sum is -0.0
+        let first = logs
+            .iter()
+            .filter_map(|l| l.echoes.first())
+            .min_by_key(|e| e.at)
+            .map(|e| e.echo);
+        Some(Self {
+            answers: seen.len() as u64,
+            batch: spread(|e| e.echo.batch),
+            partitions: spread(|e| e.echo.partitions),
+            claimed_per_pop: delivered.iter().map(|e| f64::from(e.claimed)).sum::<f64>()
+                / delivered.len().max(1) as f64,
+            full_share: delivered.iter().filter(|e| e.msgs >= e.echo.batch).count() as f64
+                / delivered.len().max(1) as f64,
+            wait_ms: (
+                waits.get(waits.len() / 2).copied().unwrap_or(0),
+                waits.last().copied().unwrap_or(0),
+            ),
+            paused_share: paused / (w.secs() * logs.len().max(1) as f64),
+            first,
+        })
+    }
 }
 
 /// What a several-brokers measurement found besides the common fields.

@@ -304,7 +304,8 @@ pub async fn run(
         | Kind::EncryptedPopAck { .. }
         | Kind::EndToEnd { .. }
         | Kind::Brokers { .. }
-        | Kind::Wakeup => {
+        | Kind::Wakeup
+        | Kind::Autopilot { .. } => {
             conn.close().await?;
             return Err(format!("{} is not a push scenario", scenario.label()).into());
         }

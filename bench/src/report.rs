@@ -574,7 +574,8 @@ impl Results {
             | Kind::EncryptedPopAck { .. }
             | Kind::EndToEnd { .. }
             | Kind::Brokers { .. }
-            | Kind::Wakeup => (None, None, None, None),
+            | Kind::Wakeup
+            | Kind::Autopilot { .. } => (None, None, None, None),
         };
         Row {
             scenario: s,

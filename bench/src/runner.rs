@@ -1,12 +1,13 @@
 //! One measurement, start to finish: a fresh database, the suite's measurement (push and
-//! baselines, spool, consume), and the database dropped again. The only module that knows every
+//! baselines, spool, consume, autopilot: the consume measurements with other pops), and the
+//! database dropped again. The only module that knows every
 //! suite; the suites know only the modules below them.
 
 use std::time::Instant;
 
 use crate::db::Server;
 use crate::measurement::Measurement;
-use crate::scenario::{trace, Kind, Params, Scenario};
+use crate::scenario::{trace, Kind, Params, PopStyle, Scenario, LIVE_PUSH_BATCH, POP_BATCH};
 use crate::BoxError;
 use crate::{brokers, consume, push, spool};
 
@@ -56,7 +57,8 @@ async fn run_in(
                 url,
                 profiled,
             };
-            consume::pop_ack(server, params, run, batch).await
+            let style = PopStyle::Fixed { batch, wait: false };
+            consume::pop_ack(server, params, run, style, params.prefill).await
         }
         Kind::EndToEnd { batch, pace_pct } => {
             let run = consume::Run {
@@ -74,7 +76,25 @@ async fn run_in(
                     )
                 }
             };
-            consume::end_to_end(server, params, run, batch, pace).await
+            let style = PopStyle::Fixed {
+                batch: POP_BATCH,
+                wait: true,
+            };
+            consume::end_to_end(server, params, run, batch, pace, style).await
+        }
+        Kind::Autopilot { pop, live_rate } => {
+            let run = consume::Run {
+                scenario,
+                round,
+                url,
+                profiled,
+            };
+            if live_rate == 0 {
+                consume::pop_ack(server, params, run, pop, params.autopilot_prefill).await
+            } else {
+                let rate = Some(f64::from(live_rate));
+                consume::end_to_end(server, params, run, LIVE_PUSH_BATCH, rate, pop).await
+            }
         }
         Kind::Wakeup => {
             let run = consume::Run {

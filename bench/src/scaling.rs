@@ -1,4 +1,4 @@
-//! The report of the two scaling suites (docs/benchmarks.md, "Partitions at scale" and
+//! The report of the two scaling suites (docs/history/benchmarks.md, "Partitions at scale" and
 //! "Several brokers"): per partition count, push msg/s against the 100-partition rate of the
 //! same round and the broker's peak RSS; per broker count, push and end-to-end msg/s against one
 //! broker in the same round, what each commit carried and PostgreSQL's CPU. Every ratio is the

@@ -65,7 +65,69 @@ pub enum Kind {
     /// Long-poll wake-up: one consumer waits (`wait=true`) on the empty queue, one message is
     /// pushed; push answered → pop answered, [`Params::wakeups`] times.
     Wakeup,
+    /// The autopilot suite (`crate::autopilot`): [`Params::consumers`] consumers popping the
+    /// queue as `pop` says, + ack batch, either on a queue filled first with
+    /// [`Params::autopilot_prefill`] messages (`live_rate` 0, the backlog) or while paced
+    /// producers push `live_rate` msg/s in pushes of [`LIVE_PUSH_BATCH`] (the live stream).
+    Autopilot {
+        /// How the consumers pop.
+        pop: PopStyle,
+        /// 0: backlog; else msg/s the producers offer meanwhile.
+        live_rate: u32,
+    },
 }
+
+/// How the consumers of a consuming measurement pop (`crate::traffic::consumers_with`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PopStyle {
+    /// `batch=N`, with a long poll (`wait=true&timeout=1000`) or without (`wait=false`; after
+    /// an empty answer the consumer pauses 2 ms).
+    Fixed {
+        /// Messages per pop.
+        batch: usize,
+        /// Long poll.
+        wait: bool,
+    },
+    /// `autopilot=true` and neither `batch` nor `partitions`: the broker sizes both and echoes
+    /// `autopilot: {partitions, batch, waitMs}`. `wait` as for [`PopStyle::Fixed`]. After an
+    /// empty answer of a pop without `wait`, `honour_wait` sleeps the echoed `waitMs` (100 ms
+    /// without an echo or with 0, as the 2.x consume loop); without it, the consumer pops
+    /// again at once. After an empty long poll it pops again at once either way (the client).
+    Autopilot {
+        /// Long poll.
+        wait: bool,
+        /// Sleep the advised `waitMs` after an empty non-waiting pop.
+        honour_wait: bool,
+    },
+}
+
+impl PopStyle {
+    /// Whether the broker sizes the pops.
+    pub fn autopilot(&self) -> bool {
+        matches!(self, PopStyle::Autopilot { .. })
+    }
+
+    /// A short label: `batch 100, wait=false`, `autopilot, wait=false, honours waitMs`, ...
+    pub fn label(&self) -> String {
+        match *self {
+            PopStyle::Fixed { batch, wait } => format!("batch {batch}, wait={wait}"),
+            PopStyle::Autopilot { wait: true, .. } => "autopilot, wait=true".into(),
+            PopStyle::Autopilot {
+                wait: false,
+                honour_wait: true,
+            } => "autopilot, wait=false, honours waitMs".into(),
+            PopStyle::Autopilot {
+                wait: false,
+                honour_wait: false,
+            } => "autopilot, wait=false, ignores waitMs".into(),
+        }
+    }
+}
+
+/// Items per push of the autopilot suite's live stream: small pushes, so that messages
+/// arrive as a stream rather than in a few large blocks.
+pub const LIVE_PUSH_BATCH: usize = 10;
 
 /// Messages per pop of the consuming scenarios.
 pub const POP_BATCH: usize = 100;
@@ -140,6 +202,13 @@ impl Scenario {
                 "end-to-end, producers paced at {pace_pct}% of push-only, push batch {batch}, P={p}, dedup {d}"
             ),
             Kind::Wakeup => format!("long-poll wake-up, P={p}, dedup {d}"),
+            Kind::Autopilot { pop, live_rate: 0 } => {
+                format!("backlog: pop {}, P={p}, dedup {d}", pop.label())
+            }
+            Kind::Autopilot { pop, live_rate } => format!(
+                "live {live_rate} msg/s: pop {}, P={p}, dedup {d}",
+                pop.label()
+            ),
             Kind::Brokers {
                 brokers,
                 end_to_end: false,
@@ -188,6 +257,8 @@ pub struct Params {
     pub consumers: usize,
     /// Messages pushed before the pop+ack window.
     pub prefill: u64,
+    /// Messages pushed before the autopilot suite's backlog window.
+    pub autopilot_prefill: u64,
     /// Long-poll wake-up samples per round.
     pub wakeups: usize,
     /// Record a CPU profile of the whole machine (`perf record -a -g`) during each consuming

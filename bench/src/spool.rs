@@ -1,4 +1,4 @@
-//! The spool scenario (docs/benchmarks.md, "The spool"): the same broker process pushes with
+//! The spool scenario (docs/history/benchmarks.md, "The spool"): the same broker process pushes with
 //! PostgreSQL up (every item `queued`), then PostgreSQL is crashed under the running load
 //! (`pg_ctl stop -m immediate`: connections break, new ones are refused) and the producers go
 //! on (every item `buffered`); the two rates make the ratio. Then the producers stop,

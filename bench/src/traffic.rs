@@ -7,7 +7,9 @@
 //!   item by item.
 //! - [`consumers`]: `GET /api/v1/pop/queue/bench?batch=..` then `POST /api/v1/ack/batch` with
 //!   every message's (transactionId, partitionId, leaseId), in a loop; records when each message
-//!   was popped and when each ack returned.
+//!   was popped and when each ack returned. [`consumers_with`] pops as a [`PopStyle`] says
+//!   (a fixed batch, or `autopilot=true` with or without honouring the advised `waitMs`) and
+//!   also records the `autopilot` echoes.
 //!
 //! A transaction id is `<tag>-<connection>-<sequence>` (see [`crate::data::transaction_id`]),
 //! so a popped or stored message names the producer connection and item it came from.
@@ -21,6 +23,7 @@ use tokio::task::JoinHandle;
 
 use crate::data::{self, Rng};
 use crate::http::HttpConn;
+use crate::scenario::PopStyle;
 
 /// What the broker answered for one item.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -283,9 +286,39 @@ struct PoppedMessage<'a> {
 }
 
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct PopBody<'a> {
     #[serde(borrow)]
     messages: Vec<PoppedMessage<'a>>,
+    #[serde(default)]
+    partitions_claimed: u32,
+    #[serde(default)]
+    autopilot: Option<Echo>,
+}
+
+/// The `autopilot` echo of a pop answer: the knobs the broker ran the pop with and its wait
+/// advice (reference §2.8).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Echo {
+    /// Partitions claimed at most.
+    #[serde(default)]
+    pub partitions: u32,
+    /// Messages at most.
+    #[serde(default)]
+    pub batch: u32,
+    /// Advised pause after an empty non-waiting pop, ms (0: none).
+    #[serde(default)]
+    pub wait_ms: u32,
+}
+
+/// What a pop answer said besides its messages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PopInfo {
+    /// `partitionsClaimed`.
+    pub claimed: u32,
+    /// The `autopilot` echo, when the answer had one.
+    pub echo: Option<Echo>,
 }
 
 /// Writes into `ack` the `/api/v1/ack/batch` body that completes every message of the pop
@@ -295,6 +328,18 @@ struct PopBody<'a> {
 ///
 /// When `pop` is not a pop answer.
 pub fn ack_for<'a>(pop: &'a [u8], ack: &mut String) -> Result<Vec<&'a str>, serde_json::Error> {
+    read_pop(pop, ack).map(|(txns, _)| txns)
+}
+
+/// [`ack_for`], and what else the answer said.
+///
+/// # Errors
+///
+/// When `pop` is not a pop answer.
+pub fn read_pop<'a>(
+    pop: &'a [u8],
+    ack: &mut String,
+) -> Result<(Vec<&'a str>, PopInfo), serde_json::Error> {
     let body: PopBody = serde_json::from_slice(pop)?;
     ack.clear();
     ack.push_str("{\"acknowledgments\":[");
@@ -311,7 +356,14 @@ pub fn ack_for<'a>(pop: &'a [u8], ack: &mut String) -> Result<Vec<&'a str>, serd
         ack.push_str("\",\"status\":\"completed\"}");
     }
     ack.push_str("],\"consumerGroup\":null}");
-    Ok(body.messages.iter().map(|m| m.transaction_id).collect())
+    let info = PopInfo {
+        claimed: body.partitions_claimed,
+        echo: body.autopilot,
+    };
+    Ok((
+        body.messages.iter().map(|m| m.transaction_id).collect(),
+        info,
+    ))
 }
 
 /// Items of an `/ack/batch` answer that report `success: true`.
@@ -333,6 +385,19 @@ pub struct Cycle {
     pub msgs: u32,
 }
 
+/// One pop answer that carried an `autopilot` echo.
+#[derive(Clone, Copy, Debug)]
+pub struct EchoSeen {
+    /// When the pop was answered.
+    pub at: Instant,
+    /// Messages it delivered.
+    pub msgs: u32,
+    /// Partitions it claimed (`partitionsClaimed`).
+    pub claimed: u32,
+    /// The echo.
+    pub echo: Echo,
+}
+
 /// Everything one consumer did.
 #[derive(Default)]
 pub struct ConsumerLog {
@@ -343,8 +408,13 @@ pub struct ConsumerLog {
     pub other: u64,
     /// Every pop that returned messages, with its ack.
     pub cycles: Vec<Cycle>,
-    /// Pops answered 204 (nothing available) and when.
+    /// Pops answered with no message (204, or 200 with an empty list) and when.
     pub empty: Vec<Instant>,
+    /// Every answer with an `autopilot` echo.
+    pub echoes: Vec<EchoSeen>,
+    /// Pauses after empty answers as advised (`waitMs`, or 100 ms): when each began, and how
+    /// long it was.
+    pub paused: Vec<(Instant, Duration)>,
     /// Acks answered `success: false`.
     pub ack_failures: u64,
     /// Failed requests.
@@ -378,13 +448,66 @@ pub fn consumers_spread(
     stop: Arc<AtomicBool>,
     consumed: Arc<AtomicU64>,
 ) -> Vec<JoinHandle<ConsumerLog>> {
-    let path = if wait {
-        format!(
-            "/api/v1/pop/queue/{}?batch={batch}&wait=true&timeout=1000",
-            data::QUEUE
-        )
-    } else {
-        format!("/api/v1/pop/queue/{}?batch={batch}&wait=false", data::QUEUE)
+    consumers_with(
+        ports,
+        n,
+        PopStyle::Fixed { batch, wait },
+        tag,
+        stop,
+        consumed,
+    )
+}
+
+/// The pop request of `style` on the bench queue.
+pub fn pop_path(style: PopStyle) -> String {
+    let q = data::QUEUE;
+    let wait = |w: bool| {
+        if w {
+            "wait=true&timeout=1000"
+        } else {
+            "wait=false"
+        }
+    };
+    match style {
+        PopStyle::Fixed { batch, wait: w } => {
+            format!("/api/v1/pop/queue/{q}?batch={batch}&{}", wait(w))
+        }
+        PopStyle::Autopilot { wait: w, .. } => {
+            format!("/api/v1/pop/queue/{q}?autopilot=true&{}", wait(w))
+        }
+    }
+}
+
+/// How long a consumer of `style` pauses after an empty answer that carried `echo`.
+pub fn pause_after_empty(style: PopStyle, echo: Option<Echo>) -> Duration {
+    match style {
+        PopStyle::Fixed { wait: false, .. } => Duration::from_millis(2),
+        PopStyle::Autopilot {
+            wait: false,
+            honour_wait: true,
+        } => Duration::from_millis(match echo.map_or(0, |e| e.wait_ms) {
+            0 => 100,
+            ms => u64::from(ms),
+        }),
+        // A long poll, or autopilot told to ignore the advice: pop again at once.
+        _ => Duration::ZERO,
+    }
+}
+
+/// [`consumers_spread`] popping as `style` says (fixed batch or autopilot, see [`PopStyle`]);
+/// the echoes of autopilot pops and the pauses they advised are logged.
+pub fn consumers_with(
+    ports: &[u16],
+    n: usize,
+    style: PopStyle,
+    tag: u64,
+    stop: Arc<AtomicBool>,
+    consumed: Arc<AtomicU64>,
+) -> Vec<JoinHandle<ConsumerLog>> {
+    let path = pop_path(style);
+    let capacity = match style {
+        PopStyle::Fixed { batch, .. } => batch,
+        PopStyle::Autopilot { .. } => 1024,
     };
     (0..n)
         .map(|k| {
@@ -393,7 +516,7 @@ pub fn consumers_spread(
             tokio::spawn(async move {
                 let mut log = ConsumerLog::default();
                 let mut conn = HttpConn::new(port);
-                let mut ack = String::with_capacity(batch * 160 + 64);
+                let mut ack = String::with_capacity(capacity * 160 + 64);
                 while !stop.load(Ordering::Relaxed) {
                     let started = Instant::now();
                     let r = match conn.request("GET", &path, b"").await {
@@ -406,16 +529,13 @@ pub fn consumers_spread(
                         }
                     };
                     let popped = Instant::now();
-                    if r.status == 204 {
-                        log.empty.push(popped);
-                        if !wait {
-                            // Nothing free right now: all partitions leased or drained.
-                            tokio::time::sleep(Duration::from_millis(2)).await;
-                        }
-                        continue;
-                    }
-                    let txns = match (r.status, ack_for(&r.body, &mut ack)) {
-                        (200, Ok(t)) => t,
+                    let read = match r.status {
+                        204 => Ok((Vec::new(), PopInfo::default())),
+                        200 => read_pop(&r.body, &mut ack),
+                        _ => Ok((Vec::new(), PopInfo::default())),
+                    };
+                    let (txns, info) = match (r.status, read) {
+                        (200 | 204, Ok(x)) => x,
                         (status, parsed) => {
                             log.errors += 1;
                             log.first_error.get_or_insert(format!(
@@ -427,6 +547,26 @@ pub fn consumers_spread(
                             continue;
                         }
                     };
+                    if let Some(echo) = info.echo {
+                        log.echoes.push(EchoSeen {
+                            at: popped,
+                            msgs: txns.len() as u32,
+                            claimed: info.claimed,
+                            echo,
+                        });
+                    }
+                    if txns.is_empty() {
+                        // Nothing free right now: all partitions leased or drained.
+                        log.empty.push(popped);
+                        let pause = pause_after_empty(style, info.echo);
+                        if !pause.is_zero() {
+                            if style.autopilot() {
+                                log.paused.push((popped, pause));
+                            }
+                            tokio::time::sleep(pause).await;
+                        }
+                        continue;
+                    }
                     for txn in &txns {
                         match parse_txn(txn, tag) {
                             Some((c, seq)) => log.consumed.push((c as u16, seq, popped)),
@@ -642,6 +782,66 @@ mod tests {
             acked_ok(br#"[{"success":true},{"success":false},{"success":true}]"#),
             2
         );
+    }
+
+    #[test]
+    fn an_autopilot_answer_says_what_the_broker_chose_and_how_long_to_wait() {
+        let pop = br#"{"success":true,"messages":[],"partitionsClaimed":0,"autopilot":{"partitions":4,"batch":128,"waitMs":200}}"#;
+        let mut ack = String::new();
+        let (txns, info) = read_pop(pop, &mut ack).expect("a pop answer");
+        assert!(txns.is_empty());
+        let echo = Echo {
+            partitions: 4,
+            batch: 128,
+            wait_ms: 200,
+        };
+        assert_eq!(
+            info,
+            PopInfo {
+                claimed: 0,
+                echo: Some(echo)
+            }
+        );
+        let honours = PopStyle::Autopilot {
+            wait: false,
+            honour_wait: true,
+        };
+        assert_eq!(
+            pause_after_empty(honours, Some(echo)),
+            Duration::from_millis(200)
+        );
+        let no_advice = Echo { wait_ms: 0, ..echo };
+        assert_eq!(
+            pause_after_empty(honours, Some(no_advice)),
+            Duration::from_millis(100)
+        );
+        assert_eq!(pause_after_empty(honours, None), Duration::from_millis(100));
+        let ignores = PopStyle::Autopilot {
+            wait: false,
+            honour_wait: false,
+        };
+        assert_eq!(pause_after_empty(ignores, Some(echo)), Duration::ZERO);
+        let long_poll = PopStyle::Autopilot {
+            wait: true,
+            honour_wait: true,
+        };
+        assert_eq!(pause_after_empty(long_poll, Some(echo)), Duration::ZERO);
+        assert_eq!(
+            pop_path(honours),
+            "/api/v1/pop/queue/bench?autopilot=true&wait=false"
+        );
+        assert_eq!(
+            pop_path(PopStyle::Fixed {
+                batch: 10,
+                wait: true
+            }),
+            "/api/v1/pop/queue/bench?batch=10&wait=true&timeout=1000"
+        );
+        // A fixed pop's answer has no echo.
+        let fixed = br#"{"messages":[{"transactionId":"t","partitionId":"p","leaseId":"l"}],"partitionsClaimed":1}"#;
+        let (_, info) = read_pop(fixed, &mut ack).expect("a pop answer");
+        assert_eq!(info.echo, None);
+        assert_eq!(info.claimed, 1);
     }
 
     #[test]

@@ -47,6 +47,24 @@ pub struct Answer {
     pub body: Value,
 }
 
+/// `url` with the password of its user information (`http://user:secret@host`) replaced by
+/// `***`, for messages.
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            let hidden = if userinfo.contains(':') { ":***" } else { "" };
+            format!("{scheme}://{user}{hidden}@{host}{tail}")
+        }
+        None => url.to_string(),
+    }
+}
+
 /// The broker at one URL.
 pub struct Client {
     base: String,
@@ -61,7 +79,8 @@ impl Client {
         let base = base.trim_end_matches('/').to_string();
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(Failure::Usage(format!(
-                "--url/QUEEN_URL must start with http:// or https://, got {base:?}"
+                "--url/QUEEN_URL must start with http:// or https://, got {:?}",
+                redacted(&base)
             )));
         }
         Ok(Self {
@@ -93,8 +112,9 @@ impl Client {
         };
         let mut res = sent.map_err(|e| {
             Failure::Error(format!(
-                "cannot reach the broker at {}: {e} (set --url or QUEEN_URL)",
-                self.base
+                "cannot reach the broker at {}: {} (set --url or QUEEN_URL)",
+                redacted(&self.base),
+                redacted(&e.to_string())
             ))
         })?;
         let bytes =
@@ -148,6 +168,11 @@ pub fn check(method: &Method, path: &str, answer: Answer) -> Result<Value, Failu
             Value::String(s) => s.clone(),
             other => other.to_string(),
         });
+    // The 2.x routes say what is wrong in `detail` beside a stable `error` id.
+    let why = match answer.body.get("detail").and_then(Value::as_str) {
+        Some(detail) => format!("{why}: {detail}"),
+        None => why,
+    };
     let hint = match answer.status {
         401 => " (set --token or QUEEN_TOKEN)",
         403 => " (the token's roles do not allow this)",
@@ -157,4 +182,25 @@ pub fn check(method: &Method, path: &str, answer: Answer) -> Result<Value, Failu
         "{method} {path}: {} {why}{hint}",
         answer.status
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_password_in_the_url_is_never_shown() {
+        assert_eq!(
+            redacted("http://admin:hunter2@127.0.0.1:6632/x?y=1"),
+            "http://admin:***@127.0.0.1:6632/x?y=1"
+        );
+        assert_eq!(redacted("http://tok@h:1"), "http://tok@h:1");
+        assert_eq!(redacted("http://h:1/a@b"), "http://h:1/a@b");
+        assert_eq!(redacted("https://u:p:q@h"), "https://u:***@h");
+        let Err(Failure::Usage(text)) = Client::new("ftp://u:hunter2@h", None, Duration::ZERO)
+        else {
+            panic!("refused");
+        };
+        assert!(!text.contains("hunter2"), "{text}");
+    }
 }

@@ -9,8 +9,8 @@ use serde_json::{json, Map, Value};
 use crate::client::{check, query, seg, Client, Failure};
 use crate::table::{self, short, text};
 use crate::{
-    Cli, Command, ConfigureArgs, DlqCommand, GroupsCommand, MaintenanceAction, PopArgs, PushArgs,
-    QueuesCommand, Source, TailArgs,
+    Cli, Command, ConfigureArgs, DlqCommand, GroupsCommand, KvCommand, MaintenanceAction, PopArgs,
+    PushArgs, QueuesCommand, Source, TailArgs,
 };
 
 /// Items per push request when reading standard input.
@@ -36,6 +36,10 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Maintenance(args) => maintenance(&client, args.action, json).await,
         Command::Health => health(&client, json).await,
         Command::Metrics => metrics(&client, json).await,
+        Command::Kv(cmd) => kv(&client, cmd, json).await,
+        Command::Locks => locks(&client, json).await,
+        Command::Timers => timers(&client, json).await,
+        Command::Streams => streams(&client, json).await,
     }
 }
 
@@ -789,6 +793,14 @@ async fn health(client: &Client, json: bool) -> Result<(), Failure> {
         return Ok(());
     }
     let body = answer.body;
+    if !body.is_object() {
+        // An HTML page or a proxy's text is not the broker's health.
+        return Err(Failure::Error(format!(
+            "GET /health: {} is not the broker's JSON answer: {}",
+            answer.status,
+            short(&body, 200)
+        )));
+    }
     if json {
         print_json(&body);
     } else {
@@ -850,4 +862,253 @@ async fn metrics(client: &Client, json: bool) -> Result<(), Failure> {
     ];
     table::print(&["METRIC", "VALUE"], &rows);
     Ok(())
+}
+
+// ------------------------------------------------------------------------- KV and friends
+
+/// One KV op through `POST /api/v1/kv`; its result object.
+async fn kv_op(client: &Client, op: Value) -> Result<Value, Failure> {
+    let body = client
+        .ok(
+            Method::POST,
+            "/api/v1/kv",
+            Some(&json!({ "operations": [op] })),
+        )
+        .await?;
+    body.get("results")
+        .and_then(|r| r.get(0))
+        .cloned()
+        .ok_or_else(|| Failure::Error(format!("POST /api/v1/kv: no result in {body}")))
+}
+
+/// "(N more not shown)" when the broker cut a list.
+fn truncated_note(body: &Value, shown: usize) {
+    if body.get("truncated") == Some(&Value::Bool(true)) {
+        println!("(first {shown} shown; there are more)");
+    }
+}
+
+async fn kv(client: &Client, cmd: KvCommand, json: bool) -> Result<(), Failure> {
+    match cmd {
+        KvCommand::Get { namespace, key } => {
+            let r = kv_op(client, json!({ "op": "get", "ns": namespace, "key": key })).await?;
+            if json {
+                print_json(&r);
+            }
+            if r.get("found") != Some(&Value::Bool(true)) {
+                return Err(Failure::Error(format!(
+                    "no key {key:?} in namespace {namespace:?}"
+                )));
+            }
+            if !json {
+                println!("{}", r.get("value").unwrap_or(&Value::Null));
+                println!(
+                    "version {} · expires {}",
+                    text(r.get("version")),
+                    r.get("expiresAt")
+                        .and_then(Value::as_str)
+                        .unwrap_or("never")
+                );
+            }
+            Ok(())
+        }
+        KvCommand::Put {
+            namespace,
+            key,
+            value,
+            ttl,
+        } => {
+            let value = parse_payload(&value, "the value")?;
+            let mut op = json!({ "op": "put", "ns": namespace, "key": key, "value": value });
+            match ttl {
+                Some(seconds) => op["ttlSeconds"] = seconds.into(),
+                None => op["forever"] = true.into(),
+            }
+            let r = kv_op(client, op).await?;
+            if json {
+                print_json(&r);
+            } else if r.get("applied") == Some(&Value::Bool(true)) {
+                println!(
+                    "{namespace}/{key}: version {} · expires {}",
+                    text(r.get("version")),
+                    r.get("expiresAt")
+                        .and_then(Value::as_str)
+                        .unwrap_or("never")
+                );
+            }
+            if r.get("applied") != Some(&Value::Bool(true)) {
+                return Err(Failure::Error(format!(
+                    "{namespace}/{key} not written: {}",
+                    text(r.get("reason"))
+                )));
+            }
+            Ok(())
+        }
+        KvCommand::List {
+            namespace: None, ..
+        } => {
+            let body = client.get("/api/v1/kv/namespaces").await?;
+            if json {
+                print_json(&body);
+                return Ok(());
+            }
+            let list = body.get("namespaces").map(rows_of).unwrap_or_default();
+            let rows: Vec<Vec<String>> = list
+                .iter()
+                .map(|n| {
+                    vec![
+                        text(n.get("namespace")),
+                        text(n.get("keys")),
+                        text(n.get("bytes")),
+                        text(n.get("expiring")),
+                        text(n.get("expiringSoon")),
+                        text(n.get("lastWrite")),
+                    ]
+                })
+                .collect();
+            table::print(
+                &[
+                    "NAMESPACE",
+                    "KEYS",
+                    "BYTES",
+                    "EXPIRING",
+                    "WITHIN 1 MIN",
+                    "LAST WRITE",
+                ],
+                &rows,
+            );
+            truncated_note(&body, rows.len());
+            Ok(())
+        }
+        KvCommand::List {
+            namespace: Some(namespace),
+            prefix,
+            limit,
+        } => {
+            let Some(prefix) = prefix else {
+                return Err(Failure::Usage(format!(
+                    "listing the keys of {namespace:?} needs --prefix (the KV API reads keys by a \
+                     non-empty prefix); without a namespace, kv list shows every namespace"
+                )));
+            };
+            let r = kv_op(
+                client,
+                json!({ "op": "getPrefix", "ns": namespace, "prefix": prefix, "limit": limit }),
+            )
+            .await?;
+            if json {
+                print_json(&r);
+                return Ok(());
+            }
+            let rows: Vec<Vec<String>> = r
+                .get("rows")
+                .map(rows_of)
+                .unwrap_or_default()
+                .iter()
+                .map(|row| {
+                    vec![
+                        text(row.get("key")),
+                        short(row.get("value").unwrap_or(&Value::Null), PAYLOAD_CELL),
+                        text(row.get("version")),
+                        row.get("expiresAt")
+                            .and_then(Value::as_str)
+                            .unwrap_or("never")
+                            .to_string(),
+                    ]
+                })
+                .collect();
+            table::print(&["KEY", "VALUE", "VERSION", "EXPIRES"], &rows);
+            truncated_note(&r, rows.len());
+            Ok(())
+        }
+    }
+}
+
+/// A read-only list of one of the 2.x state views: GETs `path`, prints the JSON with `--json`,
+/// else a table of `headers` with one row per item of the answer's `key` array (each cell by
+/// `cells`), and says when the broker cut the list short.
+async fn state_view(
+    client: &Client,
+    json: bool,
+    (path, key): (&str, &str),
+    headers: &[&str],
+    cells: impl Fn(&Value) -> Vec<String>,
+) -> Result<(), Failure> {
+    let body = client.get(path).await?;
+    if json {
+        print_json(&body);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = body
+        .get(key)
+        .map(rows_of)
+        .unwrap_or_default()
+        .iter()
+        .map(cells)
+        .collect();
+    table::print(headers, &rows);
+    truncated_note(&body, rows.len());
+    Ok(())
+}
+
+async fn locks(client: &Client, json: bool) -> Result<(), Failure> {
+    let headers = ["NAME", "SLOT", "OWNER", "TOKEN", "EXPIRES", "RENEWED"];
+    state_view(client, json, ("/api/v1/locks", "locks"), &headers, |l| {
+        let expires = l.get("expiresAt").and_then(Value::as_str);
+        vec![
+            text(l.get("name")),
+            text(l.get("slot")),
+            text(l.get("owner")),
+            text(l.get("token")),
+            expires.unwrap_or("never").to_string(),
+            text(l.get("renewedAt")),
+        ]
+    })
+    .await
+}
+
+async fn timers(client: &Client, json: bool) -> Result<(), Failure> {
+    let headers = ["QUEUE", "PENDING", "NEXT DUE", "LATE (S)", "REFUSED"];
+    state_view(client, json, ("/api/v1/timers", "queues"), &headers, |t| {
+        let late = t.get("lateSeconds").and_then(Value::as_f64).unwrap_or(0.0);
+        vec![
+            text(t.get("queue")),
+            text(t.get("pending")),
+            text(t.get("nextDue")),
+            format!("{late:.1}"),
+            text(t.get("refused")),
+        ]
+    })
+    .await
+}
+
+async fn streams(client: &Client, json: bool) -> Result<(), Failure> {
+    let headers = [
+        "QUERY",
+        "SOURCE",
+        "SINK",
+        "PARTITIONS",
+        "STATE KEYS",
+        "STATE BYTES",
+        "CYCLES",
+        "LAST CYCLE",
+    ];
+    let fields = [
+        "name",
+        "sourceQueue",
+        "sinkQueue",
+        "partitions",
+        "stateKeys",
+        "stateBytes",
+        "cycles",
+        "lastCycle",
+    ];
+    state_view(
+        client,
+        json,
+        ("/streams/v1/queries", "queries"),
+        &headers,
+        |q| fields.iter().map(|f| text(q.get(*f))).collect(),
+    )
+    .await
 }

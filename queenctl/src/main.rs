@@ -67,6 +67,51 @@ pub enum Command {
     Health,
     /// A short summary of the broker's metrics.
     Metrics,
+    /// The KV store: read, write and list keys; namespaces.
+    #[command(subcommand)]
+    Kv(KvCommand),
+    /// Live lock and semaphore permits: holder, token, expiry.
+    Locks,
+    /// Pending timers per queue: count, next due, lateness.
+    Timers,
+    /// Stream queries: partitions with state, state size, cycles, last cycle.
+    Streams,
+}
+
+/// `kv ...`.
+#[derive(Subcommand, Debug)]
+pub enum KvCommand {
+    /// One key's value, version and expiry (exit 1 when it does not exist).
+    Get {
+        /// Namespace.
+        namespace: String,
+        /// Key.
+        key: String,
+    },
+    /// Write a key (a JSON value; quote text: '"hello"').
+    Put {
+        /// Namespace.
+        namespace: String,
+        /// Key.
+        key: String,
+        /// The value as JSON.
+        value: String,
+        /// Expire after this many seconds (else the key never expires).
+        #[arg(long, value_name = "SECONDS")]
+        ttl: Option<i64>,
+    },
+    /// Without a namespace: every namespace with its key count; with one: its keys (by prefix).
+    List {
+        /// Namespace whose keys to list.
+        namespace: Option<String>,
+        /// Only keys starting with this (needed with a namespace: the KV API reads keys by a
+        /// non-empty prefix).
+        #[arg(long, requires = "namespace")]
+        prefix: Option<String>,
+        /// At most this many keys.
+        #[arg(long, default_value_t = 100, requires = "namespace")]
+        limit: u32,
+    },
 }
 
 /// `push`.
@@ -290,12 +335,12 @@ fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Usage(text)) => {
-            eprintln!("queenctl: {text}");
+            eprintln!("queenctl: {}", table::clean(&text));
             eprintln!("Try 'queenctl --help'.");
             ExitCode::from(2)
         }
         Err(Failure::Error(text)) => {
-            eprintln!("queenctl: {text}");
+            eprintln!("queenctl: {}", table::clean(&text));
             ExitCode::from(1)
         }
     }

@@ -40,11 +40,27 @@ pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// A field as text: strings bare, `null`/absent as `-`, anything else as compact JSON.
+/// Text from the broker made safe for a terminal: control characters (an escape sequence in a
+/// queue name, a newline in a transactionId) are shown escaped (`\u{1b}`, `\n`), never sent
+/// to the terminal as they are.
+pub fn clean(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A field as text: strings bare, `null`/absent as `-`, anything else as compact JSON; control
+/// characters escaped ([`clean`]).
 pub fn text(v: Option<&Value>) -> String {
     match v {
         None | Some(Value::Null) => "-".into(),
-        Some(Value::String(s)) => s.clone(),
+        Some(Value::String(s)) => clean(s),
         Some(other) => other.to_string(),
     }
 }
@@ -75,6 +91,14 @@ mod tests {
             "QUEUE   PENDING\norders  12\nq       3\n"
         );
         assert_eq!(render(&["A", "B"], &[]), "A  B\n(none)\n");
+    }
+
+    #[test]
+    fn control_characters_from_the_broker_are_escaped() {
+        let v = Value::from("q\u{1b}]0;owned\u{7}\nline");
+        assert_eq!(text(Some(&v)), "q\\u{1b}]0;owned\\u{7}\\nline");
+        assert!(!clean("a\u{1b}[2Jb\r").chars().any(char::is_control));
+        assert_eq!(clean("plain ü"), "plain ü");
     }
 
     #[test]

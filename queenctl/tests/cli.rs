@@ -165,6 +165,10 @@ fn every_command_has_help_and_exits_0() {
         "maintenance",
         "health",
         "metrics",
+        "kv",
+        "locks",
+        "timers",
+        "streams",
     ] {
         assert!(top.contains(cmd), "{cmd} listed in:\n{top}");
         let help = expect(run(&[cmd, "--help"]), 0);
@@ -177,6 +181,9 @@ fn every_command_has_help_and_exits_0() {
         &["groups", "delete"],
         &["dlq", "list"],
         &["maintenance", "on"],
+        &["kv", "get"],
+        &["kv", "put"],
+        &["kv", "list"],
     ] {
         let mut args = sub.to_vec();
         args.push("--help");
@@ -526,4 +533,216 @@ fn the_token_comes_from_queen_token_and_roles_are_enforced() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
+/// A server on 127.0.0.1 that answers every request with `status`, `content_type` and `body`
+/// (a proxy's page, a broker answering with control characters). Returns its URL.
+fn fake_server(status: &'static str, content_type: &'static str, body: &'static str) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = std::io::Read::read(&mut stream, &mut buf);
+            let answer = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(answer.as_bytes());
+        }
+    });
+    url
+}
+
+#[test]
+fn health_fails_on_an_answer_that_is_not_the_brokers_json() {
+    let url = fake_server("200 OK", "text/html", "<html><body>It works</body></html>");
+    let o = queenctl(&url, &["health"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("not the broker's JSON"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn terminal_escapes_from_the_broker_are_printed_escaped() {
+    let url = fake_server(
+        "400 Bad Request",
+        "application/json",
+        r#"{"error":"bad \u001b]0;pwned\u0007 \u001b[2J name\nforged"}"#,
+    );
+    let o = queenctl(&url, &["queues", "list"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(!err.contains('\u{1b}') && !err.contains('\u{7}'), "{err:?}");
+    assert_eq!(err.lines().count(), 1, "{err:?}");
+}
+
+#[test]
+fn a_password_in_the_url_is_not_printed() {
+    let url = format!("http://admin:hunter2@127.0.0.1:{}", free_port().unwrap());
+    let o = queenctl(&url, &["health"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(!err.contains("hunter2"), "{err}");
+    assert!(err.contains("admin:***@"), "{err}");
+}
+
+/// POSTs JSON to the open broker with a bare HTTP/1.1 request; asserts a 200.
+fn post_json(path: &str, body: &Value) {
+    use std::io::Read;
+    let addr = open().trim_start_matches("http://").to_string();
+    let mut conn = std::net::TcpStream::connect(&addr).expect("broker reachable");
+    let body = body.to_string();
+    write!(
+        conn,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+}
+
+#[test]
+fn kv_put_get_and_list_keys_and_namespaces() {
+    let ns = "ctl-kv";
+    let out = expect(
+        run(&["kv", "put", ns, "greeting", r#"{"hello":"world"}"#]),
+        0,
+    );
+    assert!(out.starts_with("ctl-kv/greeting: version "), "{out}");
+    assert!(out.contains("expires never"), "{out}");
+    let out = expect(run(&["kv", "put", ns, "temp", "1", "--ttl", "600"]), 0);
+    assert!(!out.contains("never"), "an expiry time: {out}");
+    let out = expect(run(&["kv", "get", ns, "greeting"]), 0);
+    assert!(out.starts_with("{\"hello\":\"world\"}\nversion "), "{out}");
+    let json = json_of(&expect(run(&["--json", "kv", "get", ns, "temp"]), 0));
+    assert_eq!(
+        (json["found"].clone(), json["value"].clone()),
+        (json!(true), json!(1))
+    );
+
+    let o = run(&["kv", "get", ns, "absent"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains(r#"no key "absent" in namespace "ctl-kv""#),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["kv", "put", ns, "k", "{not json"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("the value is not JSON"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["kv", "put", "NOT A NAMESPACE", "k", "1"]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "the broker refuses: {}",
+        stderr(&o)
+    );
+
+    // Keys share a prefix to be listed together.
+    expect(run(&["kv", "put", ns, "gr-2", "2"]), 0);
+    let o = run(&["kv", "list", ns]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("needs --prefix"), "{}", stderr(&o));
+    let o = run(&["kv", "list", ns, "--prefix", ""]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("kv_bad_request: operation 0: prefix must be"),
+        "{}",
+        stderr(&o)
+    );
+    let out = expect(run(&["kv", "list", ns, "--prefix", "gr"]), 0);
+    assert!(
+        out.contains("greeting") && out.contains("gr-2") && !out.contains("temp"),
+        "{out}"
+    );
+    let out = expect(run(&["kv", "list"]), 0);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("ctl-kv "))
+        .unwrap_or_else(|| panic!("{out}"));
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(
+        (cells[1], cells[3]),
+        ("3", "1"),
+        "3 keys, 1 with an expiry: {line}"
+    );
+    let json = json_of(&expect(run(&["--json", "kv", "list"]), 0));
+    assert!(json["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|n| n["namespace"] == ns));
+}
+
+#[test]
+fn locks_timers_and_streams_show_what_the_api_created() {
+    let _normal = normal_mode();
+    post_json(
+        "/api/v1/locks",
+        &json!({ "operations": [{ "op": "acquire", "name": "ctl-nightly", "ttlSeconds": 600, "owner": "ctl-worker" }] }),
+    );
+    let out = expect(run(&["locks"]), 0);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("ctl-nightly "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        line.contains(" 0 ") && line.contains("ctl-worker"),
+        "{line}"
+    );
+    let json = json_of(&expect(run(&["--json", "locks"]), 0));
+    let held = json["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "ctl-nightly")
+        .cloned()
+        .unwrap();
+    assert!(held["token"].as_i64().is_some_and(|t| t > 0), "{held}");
+
+    // An hour away: it stays pending for the test.
+    post_json(
+        "/api/v1/timers",
+        &json!({ "operations": [{ "op": "schedule", "queue": "ctl-reminders", "timerKey": "t1",
+                                  "payload": "eyJuIjoxfQ==", "delayMs": 3_600_000 }] }),
+    );
+    let out = expect(run(&["timers"]), 0);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("ctl-reminders "))
+        .unwrap_or_else(|| panic!("{out}"));
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(
+        (cells[1], cells[3]),
+        ("1", "0.0"),
+        "one pending, not late: {line}"
+    );
+
+    post_json(
+        "/streams/v1/queries",
+        &json!({ "name": "ctl-totals", "source_queue": "ctl-src", "config_hash": "h" }),
+    );
+    let out = expect(run(&["streams"]), 0);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("ctl-totals "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains("ctl-src"), "{line}");
+    let json = json_of(&expect(run(&["--json", "streams"]), 0));
+    assert!(json["queries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|q| q["name"] == "ctl-totals" && q["cycles"] == 0));
 }

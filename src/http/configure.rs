@@ -14,7 +14,7 @@ use crate::http::body::{parse_json, read_body};
 use crate::http::error::ApiError;
 use crate::protocol::Name;
 use crate::state::AppState;
-use crate::storage::queues::{self, QueueOptions};
+use crate::storage::queues::catalog::{self, QueueOptions};
 
 /// A validated configure request.
 #[derive(Debug, Clone, PartialEq)]
@@ -167,7 +167,7 @@ pub async fn configure(
         ));
     }
     let mut conn = state.pool.acquire().await?;
-    let configured = queues::configure(
+    let configured = catalog::configure(
         &mut conn,
         &request.queue,
         &request.namespace,

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use crate::http::error::{with_db, ApiError};
 use crate::protocol::time::{iso_micros, iso_millis};
 use crate::state::AppState;
-use crate::storage::{crypto, dlq, StorageError};
+use crate::storage::{consume::dlq, segments::crypto, StorageError};
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -5,6 +5,8 @@ use actix_web::{HttpResponse, ResponseError};
 use broker_actors::PushError;
 
 use crate::auth::AuthError;
+use crate::ephemeral::EphemeralError;
+use crate::protocol::timers::TimersError;
 use crate::protocol::ProtocolError;
 use crate::state::AppState;
 use crate::storage::StorageError;
@@ -15,6 +17,17 @@ pub enum ApiError {
     /// The body is malformed or breaks a rule of the route.
     #[error("{0}")]
     BadRequest(String),
+    /// A malformed request of a 2.x surface, answered in the envelope of reference 2.x §1.3:
+    /// `{"error": code, "reason": stable id, "detail": prose}` (e.g. `kv_bad_request`).
+    #[error("{detail}")]
+    Named {
+        /// The code clients branch on (`kv_bad_request`, `lock_bad_request`, ...).
+        code: &'static str,
+        /// The stable id of the broken rule.
+        reason: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
     /// The body is larger than `QUEEN_MAX_BODY_BYTES`.
     #[error("request body exceeds QUEEN_MAX_BODY_BYTES ({limit} bytes)")]
     TooLarge {
@@ -53,6 +66,17 @@ pub enum ApiError {
     /// A valid token whose roles do not grant the route's capability.
     #[error("Insufficient permissions")]
     Forbidden,
+    /// A browser's cross-origin write that it sent without asking first (a form or
+    /// `text/plain`), from an origin `QUEEN_CORS_ORIGINS` does not name.
+    #[error("cross-origin {method} from {origin} with content type {content_type:?} refused: send application/json, or list the origin in QUEEN_CORS_ORIGINS")]
+    CrossOriginWrite {
+        /// Request method.
+        method: String,
+        /// The `Origin` header.
+        origin: String,
+        /// The `Content-Type` header (empty when absent).
+        content_type: String,
+    },
     /// Tokens cannot be checked: key set unreachable or key material missing for this algorithm.
     #[error("{0}")]
     AuthUnavailable(String),
@@ -65,6 +89,12 @@ pub enum ApiError {
     /// PostgreSQL did not answer in time.
     #[error("database did not answer within {0:?}")]
     DatabaseTimeout(std::time::Duration),
+    /// An ephemeral queue call refused (400, 404, 429, 503; each with its `code`).
+    #[error(transparent)]
+    Ephemeral(#[from] EphemeralError),
+    /// A malformed timer call: 400 with the 2.x envelope, code `timers_bad_request`.
+    #[error(transparent)]
+    Timers(#[from] TimersError),
     /// No route matches.
     #[error("no route for {method} {path}")]
     NoSuchRoute {
@@ -78,7 +108,7 @@ pub enum ApiError {
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
-            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::BadRequest(_) | Self::Named { .. } | Self::Timers(_) => StatusCode::BAD_REQUEST,
             Self::TooLarge { .. } | Self::TooMuchMemory { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -90,13 +120,19 @@ impl ResponseError for ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
-            Self::Forbidden => StatusCode::FORBIDDEN,
+            Self::Forbidden | Self::CrossOriginWrite { .. } => StatusCode::FORBIDDEN,
             Self::AuthUnavailable(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::NoSuchRoute { .. } | Self::NotFound(_) => StatusCode::NOT_FOUND,
             // Unreachable is retryable; anything else is ours.
             Self::Database(e) if e.is_unreachable() => StatusCode::SERVICE_UNAVAILABLE,
             Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::DatabaseTimeout(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Ephemeral(e) => match e {
+                EphemeralError::BadRequest(_) => StatusCode::BAD_REQUEST,
+                EphemeralError::NotFound(_) => StatusCode::NOT_FOUND,
+                EphemeralError::Full { .. } => StatusCode::TOO_MANY_REQUESTS,
+                EphemeralError::Budget(_) => StatusCode::SERVICE_UNAVAILABLE,
+            },
         }
     }
 
@@ -111,6 +147,7 @@ impl ResponseError for ApiError {
             Self::Push(PushError::Overloaded(d)) => Some(d.as_secs().max(1)),
             Self::Push(_) | Self::Unavailable(_) => Some(1),
             Self::Database(_) | Self::DatabaseTimeout(_) if status.is_server_error() => Some(1),
+            Self::Ephemeral(EphemeralError::Full { .. } | EphemeralError::Budget(_)) => Some(1),
             _ => None,
         };
         if let Some(secs) = retry_after {
@@ -127,9 +164,54 @@ impl ResponseError for ApiError {
             Self::NoSuchRoute { .. } => {
                 serde_json::json!({ "error": self.to_string(), "code": "no_such_route" })
             }
+            Self::Ephemeral(e) => {
+                serde_json::json!({ "error": e.code(), "code": e.code(), "detail": self.to_string() })
+            }
+            Self::Named {
+                code,
+                reason,
+                detail,
+            } => serde_json::json!({ "error": code, "reason": reason, "detail": detail }),
+            // The 2.x envelope (reference 2x §1.3): code, stable reason, prose.
+            Self::Timers(e) => serde_json::json!({
+                "error": "timers_bad_request",
+                "reason": e.reason,
+                "detail": e.detail,
+            }),
             _ => serde_json::json!({ "error": self.to_string() }),
         };
         res.json(body)
+    }
+}
+
+impl ApiError {
+    /// A `kv_bad_request` (reference 2.x §1.3).
+    pub fn kv(e: crate::protocol::kv::BadKv) -> Self {
+        Self::Named {
+            code: "kv_bad_request",
+            reason: e.reason,
+            detail: e.detail,
+        }
+    }
+
+    /// A binary body (`QPB1`, `QTB1`) that cannot be accepted: malformed is a 400 naming the
+    /// byte offset and the field, inflating past `QUEEN_MAX_BODY_BYTES` a 413.
+    pub fn binary(e: crate::protocol::push_binary::BinaryError) -> Self {
+        match e {
+            crate::protocol::push_binary::BinaryError::TooLarge { limit, .. } => {
+                Self::TooLarge { limit }
+            }
+            malformed => Self::BadRequest(malformed.to_string()),
+        }
+    }
+
+    /// A `lock_bad_request`.
+    pub fn lock(e: crate::protocol::kv::BadKv) -> Self {
+        Self::Named {
+            code: "lock_bad_request",
+            reason: e.reason,
+            detail: e.detail,
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use crate::protocol::ack::{json_body, opt_str};
 use crate::protocol::params::seconds_param;
 use crate::protocol::time::iso_millis;
 use crate::state::AppState;
-use crate::storage::groups::{self, PartitionLag, SeekTarget};
+use crate::storage::queues::groups::{self, PartitionLag, SeekTarget};
 
 /// A group whose oldest unconsumed message is older than this is `Lagging`.
 const LAGGING_AFTER_SECS: i64 = 300;

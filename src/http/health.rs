@@ -5,7 +5,7 @@ use actix_web::{web, HttpResponse};
 use serde_json::json;
 
 use crate::state::AppState;
-use crate::storage::system;
+use crate::storage::cluster::system;
 
 /// Readiness: 200 when `SELECT 1` answers within `QUEEN_HEALTH_TIMEOUT_MS` (2 s), else 503.
 pub async fn health(state: web::Data<AppState>) -> HttpResponse {

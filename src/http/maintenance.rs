@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use crate::http::body::read_body;
 use crate::http::error::ApiError;
 use crate::state::AppState;
-use crate::storage::system;
+use crate::storage::cluster::system;
 
 const DB_WAIT: Duration = Duration::from_secs(2);
 

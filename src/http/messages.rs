@@ -5,7 +5,7 @@
 //! logged with its id and shown as `null`, never as the sealed text.
 //!
 //! Fields that describe consumer state (`status`, `queueStatus`, `busStatus`, `leaseExpiresAt`,
-//! `mode`, the detail's `consumerGroups`) come from `storage::progress`, which documents the
+//! `mode`, the detail's `consumerGroups`) come from `storage::queues::progress`, which documents the
 //! rules.
 
 use std::collections::HashMap;
@@ -19,9 +19,9 @@ use uuid::Uuid;
 use crate::http::error::ApiError;
 use crate::protocol::time::iso_millis;
 use crate::state::AppState;
-use crate::storage::crypto::{self, PayloadKey};
-use crate::storage::messages::{self, Filter, Listed, MessageStatus, Page, StoredMessage};
-use crate::storage::{queues, StorageError};
+use crate::storage::queues::messages::{self, Filter, Listed, MessageStatus, Page, StoredMessage};
+use crate::storage::segments::crypto::{self, PayloadKey};
+use crate::storage::{push::partitions, queues::catalog, StorageError};
 
 /// Default and largest page of the list.
 const DEFAULT_LIMIT: usize = 200;
@@ -190,10 +190,14 @@ pub async fn list(
     struct ListReply<'a> {
         messages: Vec<MessageView<'a>>,
         mode: serde_json::Value,
+        /// Segments left out because they do not decode (see the broker's log).
+        #[serde(rename = "damagedSegments")]
+        damaged_segments: usize,
     }
     Ok(HttpResponse::Ok().json(ListReply {
         messages: views,
         mode: consumer_mode(&page),
+        damaged_segments: page.damaged_segments,
     }))
 }
 
@@ -218,14 +222,14 @@ pub async fn detail(
 ) -> Result<HttpResponse, ApiError> {
     let (partition_id, transaction_id) = path.into_inner();
     let not_found = || ApiError::NotFound("Message not found".into());
-    let Ok(partition) = Uuid::parse_str(&partition_id) else {
+    let mut conn = state.admin_pool.acquire().await?;
+    let Some(partition) = partitions::uuid_of_text(&mut conn, &partition_id).await? else {
         return Err(not_found());
     };
-    let mut conn = state.admin_pool.acquire().await?;
     let found = messages::detail(&mut conn, partition, &transaction_id)
         .await?
         .ok_or_else(not_found)?;
-    let options = queues::find(&mut conn, &found.listed.message.queue)
+    let options = catalog::find(&mut conn, &found.listed.message.queue)
         .await?
         .ok_or_else(not_found)?
         .options;
@@ -269,7 +273,7 @@ pub async fn detail(
 /// `DELETE /api/v1/messages/{partitionId}/{transactionId}`: always 200 with `success`.
 ///
 /// Segments never change once committed (every broker caches them), so the message is not cut
-/// out of its segment: its offset is recorded as deleted (`storage::messages::delete`). From
+/// out of its segment: its offset is recorded as deleted (`storage::queues::messages::delete`). From
 /// then on no pop hands it out, on any broker (the claim statements read the deleted offsets
 /// of the range they lease), and the message routes do not show it; a lease that already holds
 /// it keeps it. An unknown or already deleted message: `success: false`, `Message not found`.
@@ -278,12 +282,10 @@ pub async fn delete(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let (partition_id, transaction_id) = path.into_inner();
-    let deleted = match Uuid::parse_str(&partition_id) {
-        Ok(partition) => {
-            let mut conn = state.pool.acquire().await?;
-            messages::delete(&mut conn, partition, &transaction_id).await?
-        }
-        Err(_) => None,
+    let mut conn = state.pool.acquire().await?;
+    let deleted = match partitions::uuid_of_text(&mut conn, &partition_id).await? {
+        Some(partition) => messages::delete(&mut conn, partition, &transaction_id).await?,
+        None => None,
     };
     if let Some(m) = &deleted {
         tracing::info!(queue = %m.queue, partition = %m.partition, offset = m.offset,

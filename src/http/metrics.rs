@@ -11,9 +11,9 @@ use actix_web::http::header;
 use actix_web::{web, HttpResponse};
 use serde_json::json;
 
-use crate::metrics::Gauges;
+use crate::metrics::{Gauges, StateGauges};
 use crate::state::AppState;
-use crate::storage::system;
+use crate::storage::cluster::system;
 
 /// Age of the oldest spool file, from the creation time in its name
 /// (`spool-<micros since epoch>-<n>.qspool`); 0 when there is none.
@@ -74,7 +74,34 @@ fn gauges(state: &AppState) -> Gauges {
         inflight_bytes: crate::state::inflight_bytes(state),
         commit_backlog: state.committers.backlog(),
         leases: None,
+        backlogs: Vec::new(),
+        state: None,
     }
+}
+
+/// The history's newest backlogs and 2.x state figures as gauges.
+fn with_history(mut g: Gauges, state: &AppState) -> Gauges {
+    let latest = state.history.latest();
+    g.backlogs = latest.pairs;
+    g.state = latest.state.map(|s| StateGauges {
+        namespaces: s
+            .namespaces
+            .into_iter()
+            .map(|n| (n.namespace, n.keys, n.bytes))
+            .collect(),
+        locks_held: s.permits,
+        timers: s
+            .timers
+            .into_iter()
+            .map(|t| (t.queue, t.pending, t.late_seconds))
+            .collect(),
+        streams: s
+            .streams
+            .into_iter()
+            .map(|q| (q.name, q.state_keys, q.state_bytes))
+            .collect(),
+    });
+    g
 }
 
 /// `GET /metrics`.
@@ -84,7 +111,7 @@ pub async fn json(state: web::Data<AppState>) -> HttpResponse {
 
 /// `GET /metrics/prometheus`.
 pub async fn prometheus(state: web::Data<AppState>) -> HttpResponse {
-    let mut g = gauges(&state);
+    let mut g = with_history(gauges(&state), &state);
     let limit = state.settings.health_timeout.min(Duration::from_secs(2));
     g.leases = match tokio::time::timeout(limit, system::live_leases(&state.pool)).await {
         Ok(Ok(n)) => Some(n),

@@ -10,31 +10,44 @@ pub mod ack;
 pub mod body;
 pub mod configure;
 pub mod dashboard;
+pub mod depth;
 pub mod dlq;
+pub mod ephemeral;
 pub mod error;
+pub mod features;
 pub mod gate;
 pub mod groups;
 pub mod health;
+pub mod history;
 pub mod inputs;
+pub mod kv;
 pub mod lease;
+pub mod locks;
 pub mod maintenance;
 pub mod messages;
 pub mod metrics;
 pub mod observe;
 pub mod openapi;
+pub mod origin;
+pub mod peer;
 pub mod pop;
 pub mod push;
 pub mod quarantine;
+pub mod reads;
 pub mod resources;
 pub mod status;
+pub mod streams;
+pub mod timers;
 pub mod traces;
 pub mod transaction;
+pub mod undecryptable;
 
 use actix_web::http::{header, Method};
 use actix_web::{web, HttpRequest, HttpResponse};
 
 pub use crate::auth::roles::Capability;
 pub use gate::{Gate, Gatekeeper};
+pub use peer::PeerSocket;
 
 use crate::http::error::ApiError;
 
@@ -108,6 +121,7 @@ pub fn routes() -> Vec<Route> {
         Route::new(Method::GET, "/api/v1/system/maintenance/pop", Capability::Admin, |r| r.to(maintenance::get_pop)),
         Route::new(Method::POST, "/api/v1/system/maintenance/pop", Capability::Admin, |r| r.to(maintenance::set_pop)),
         Route::new(Method::GET, "/api/v1/system/shared-state", Capability::Admin, |r| r.to(maintenance::shared_state)),
+        Route::new(Method::GET, "/api/v1/system/history", Capability::Read, |r| r.to(history::history)),
         Route::new(Method::GET, "/api/v1/access", Capability::Read, |r| r.to(access::access)),
         Route::new(Method::GET, "/", Capability::Public, |r| r.to(dashboard::index)),
         Route::new(Method::GET, "/dashboard/{file}", Capability::Public, |r| r.to(dashboard::file)),
@@ -127,6 +141,36 @@ pub fn routes() -> Vec<Route> {
         Route::new(Method::DELETE, "/api/v1/messages/{partitionId}/{transactionId}", Capability::Configure, |r| r.to(messages::delete)),
         Route::new(Method::GET, "/api/v1/openapi.json", Capability::Read, |r| r.to(openapi_json)),
         Route::new(Method::GET, "/api/v1/system/quarantine", Capability::Admin, |r| r.to(quarantine::list)),
+        Route::new(Method::GET, "/api/v1/system/undecryptable", Capability::Admin, |r| r.to(undecryptable::list)),
+        // Reads without a lease and queue depth (2.x reference §2.6, §2.8).
+        Route::new(Method::POST, "/api/v1/fetch", Capability::Read, |r| r.to(reads::fetch)),
+        Route::new(Method::POST, "/api/v1/partitions/changed", Capability::Read, |r| r.to(reads::changed)),
+        Route::new(Method::GET, "/api/v1/resources/queues/{queue}/depth", Capability::Read, |r| r.to(depth::depth)),
+        // Ephemeral queues (2.x reference §2.7).
+        Route::new(Method::POST, "/api/v1/ephemeral/configure", Capability::Configure, |r| r.to(ephemeral::configure)),
+        Route::new(Method::POST, "/api/v1/ephemeral/reset", Capability::Configure, |r| r.to(ephemeral::reset)),
+        Route::new(Method::DELETE, "/api/v1/ephemeral/queue/{queue}", Capability::Admin, |r| r.to(ephemeral::delete)),
+        Route::new(Method::POST, "/api/v1/ephemeral/push", Capability::Produce, |r| r.to(ephemeral::push)),
+        Route::new(Method::GET, "/api/v1/ephemeral/pop", Capability::Consume, |r| r.to(ephemeral::pop)),
+        Route::new(Method::POST, "/api/v1/ephemeral/ack", Capability::Consume, |r| r.to(ephemeral::ack)),
+        Route::new(Method::GET, "/api/v1/ephemeral/queues", Capability::Read, |r| r.to(ephemeral::queues)),
+        Route::new(Method::GET, "/api/v1/ephemeral/queues/{queue}/depth", Capability::Read, |r| r.to(ephemeral::depth)),
+        // 2.x state beside the queues: the KV store and locks kept as KV rows (docs/kv.md).
+        Route::new(Method::POST, "/api/v1/kv", Capability::ProduceAndConsume, |r| r.to(kv::kv)),
+        Route::new(Method::GET, "/api/v1/kv/namespaces", Capability::Read, |r| r.to(features::namespaces)),
+        Route::new(Method::GET, "/api/v1/locks", Capability::Read, |r| r.to(features::locks)),
+        Route::new(Method::GET, "/api/v1/timers", Capability::Read, |r| r.to(features::timers)),
+        Route::new(Method::GET, "/streams/v1/queries", Capability::Read, |r| r.to(features::stream_queries)),
+        Route::new(Method::POST, "/api/v1/locks", Capability::ProduceAndConsume, |r| r.to(locks::locks)),
+        // Timers (2.x reference §2.3): the key is the rest of the path and may hold `/`.
+        Route::new(Method::POST, "/api/v1/timers", Capability::Produce, |r| r.to(timers::batch)),
+        Route::new(Method::GET, "/api/v1/timers/{queue}", Capability::Read, |r| r.to(timers::list)),
+        Route::new(Method::GET, "/api/v1/timers/{queue}/{timerKey:.+}", Capability::Read, |r| r.to(timers::peek)),
+        Route::new(Method::DELETE, "/api/v1/timers/{queue}/{timerKey:.+}", Capability::Produce, |r| r.to(timers::cancel)),
+        // The streams runtime (2.x reference §2.11, docs/streams.md).
+        Route::new(Method::POST, "/streams/v1/queries", Capability::ProduceAndConsume, |r| r.to(streams::register)),
+        Route::new(Method::POST, "/streams/v1/state/get", Capability::Read, |r| r.to(streams::state_get)),
+        Route::new(Method::POST, "/streams/v1/cycle", Capability::ProduceAndConsume, |r| r.to(streams::cycle)),
     ]
 }
 
@@ -171,8 +215,8 @@ async fn fallback(req: HttpRequest) -> Result<HttpResponse, ApiError> {
 
 /// The CORS headers every response carries.
 pub fn cors_headers() -> actix_web::middleware::DefaultHeaders {
+    // `Access-Control-Allow-Origin` is written by `origin::guard` (QUEEN_CORS_ORIGINS).
     actix_web::middleware::DefaultHeaders::new()
-        .add((header::ACCESS_CONTROL_ALLOW_ORIGIN, "*"))
         .add((
             header::ACCESS_CONTROL_ALLOW_METHODS,
             "GET, POST, PUT, DELETE, OPTIONS",

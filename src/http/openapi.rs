@@ -35,9 +35,49 @@ fn schemas() -> Value {
         "Error": {
             "type": "object",
             "required": ["error"],
-            "properties": { "error": { "type": "string" }, "code": { "type": "string" } },
+            "properties": {
+                "error": { "type": "string" },
+                "code": { "type": "string" },
+                "reason": { "type": "string", "description": "2.x surfaces: the stable id of the broken rule" },
+                "detail": { "type": "string", "description": "2.x surfaces: what is wrong" },
+            },
         },
         "Name": name(),
+        "History": {
+            "type": "object",
+            "description": "the broker's last samples (QUEEN_HISTORY_INTERVAL_MS apart, at most `capacity`) as columns aligned with `at`; null where a value does not exist (the first sample's rates, an interval without commits, a pair not among the largest backlogs then)",
+            "required": ["enabled", "recording", "intervalSeconds", "capacity", "queuesPerSample", "queuesError",
+                         "at", "pushedPerSecond", "poppedPerSecond", "ackedPerSecond", "spoolBytes",
+                         "commitP50Seconds", "commitP99Seconds", "queues"],
+            "properties": {
+                "enabled": { "type": "boolean", "description": "false: QUEEN_HISTORY_INTERVAL_MS=0" },
+                "recording": { "type": "boolean", "description": "false: QUEEN_METRICS=false, no rates or latencies" },
+                "intervalSeconds": { "type": "number" },
+                "capacity": { "type": "integer" },
+                "queuesPerSample": { "type": "integer" },
+                "queuesError": { "type": ["string", "null"], "description": "why the newest sample has no backlogs" },
+                "at": { "type": "array", "items": { "type": "integer" }, "description": "Unix milliseconds" },
+                "pushedPerSecond": { "type": "array", "items": { "type": ["number", "null"] } },
+                "poppedPerSecond": { "type": "array", "items": { "type": ["number", "null"] } },
+                "ackedPerSecond": { "type": "array", "items": { "type": ["number", "null"] } },
+                "spoolBytes": { "type": "array", "items": { "type": "integer" } },
+                "commitP50Seconds": { "type": "array", "items": { "type": ["number", "null"] } },
+                "commitP99Seconds": { "type": "array", "items": { "type": ["number", "null"] } },
+                "queues": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["queue", "consumerGroup", "backlog", "oldestSeconds"],
+                        "properties": {
+                            "queue": { "type": "string" },
+                            "consumerGroup": { "type": "string" },
+                            "backlog": { "type": "array", "items": { "type": ["integer", "null"] } },
+                            "oldestSeconds": { "type": "array", "items": { "type": ["number", "null"] } },
+                        },
+                    },
+                },
+            },
+        },
         "PushItem": {
             "type": "object",
             "required": ["queue", "payload"],
@@ -86,27 +126,67 @@ fn schemas() -> Value {
                 "retryCount": { "type": "integer" },
             },
         },
-        "PopResponse": {
+        "PopEcho": {
             "type": "object",
-            "required": ["success", "queue", "partition", "partitionId", "leaseId", "consumerGroup",
-                         "messages", "partitionsClaimed"],
+            "description": "what a 2.x pop answer says beyond its messages (reference §2.8)",
             "properties": {
-                "success": { "const": true },
-                "queue": { "type": "string" },
-                "partition": { "type": "string" },
-                "partitionId": { "type": "string", "format": "uuid" },
-                "leaseId": { "type": "string", "description": "empty with autoAck" },
-                "consumerGroup": { "type": "string" },
-                "messages": { "type": "array", "items": { "$ref": "#/components/schemas/Message" } },
-                "partitionsClaimed": { "type": "integer", "minimum": 1 },
+                "autopilot": {
+                    "type": "object",
+                    "description": "present when the pop sent autopilot=true: the knobs it ran with and the wait advised after an empty pop (0: no advice)",
+                    "required": ["partitions", "batch", "waitMs"],
+                    "properties": {
+                        "partitions": { "type": "integer", "minimum": 1 },
+                        "batch": { "type": "integer", "minimum": 1 },
+                        "waitMs": { "type": "integer", "minimum": 0 },
+                    },
+                },
+                "conflation": { "const": true, "description": "the pop was served as the group's conflating policy says" },
+                "conflationConflict": { "const": true, "description": "the pop asked for conflation, the group's stored policy does not conflate (it wins)" },
             },
+        },
+        "PopResponse": {
+            "anyOf": [
+                {
+                    "allOf": [{ "$ref": "#/components/schemas/PopEcho" }],
+                    "type": "object",
+                    "required": ["success", "queue", "partition", "partitionId", "leaseId",
+                                 "consumerGroup", "messages", "partitionsClaimed"],
+                    "properties": {
+                        "success": { "const": true },
+                        "queue": { "type": "string" },
+                        "partition": { "type": "string" },
+                        "partitionId": { "type": "string", "format": "uuid" },
+                        "leaseId": { "type": "string", "description": "empty with autoAck" },
+                        "consumerGroup": { "type": "string" },
+                        "messages": { "type": "array", "items": { "$ref": "#/components/schemas/Message" } },
+                        "partitionsClaimed": { "type": "integer", "minimum": 1 },
+                    },
+                },
+                {
+                    "allOf": [{ "$ref": "#/components/schemas/PopEcho" }],
+                    "type": "object",
+                    "description": "nothing handed out, with an echo to say (autopilot, conflation); without one the answer is a 204",
+                    "required": ["success", "messages", "partitionsClaimed"],
+                    "properties": {
+                        "success": { "const": true },
+                        "messages": { "type": "array", "maxItems": 0 },
+                        "partitionsClaimed": { "const": 0 },
+                    },
+                },
+            ],
         },
         "Ack": {
             "type": "object",
             "required": ["transactionId", "partitionId"],
             "properties": {
                 "transactionId": text(),
-                "partitionId": { "type": "string", "format": "uuid" },
+                "partitionId": {
+                    "description": "the partition's UUID, or its 64-bit id in decimal (a framed pop's partitionId; any id up to 9223372036854775807)",
+                    "anyOf": [
+                        { "type": "string", "format": "uuid" },
+                        { "type": "string", "pattern": "^[1-9][0-9]{0,17}$" },
+                    ],
+                },
                 "status": { "enum": ["completed", "success", "failed", "dlq", "retry"] },
                 "consumerGroup": { "anyOf": [name(), { "type": "null" }] },
                 "leaseId": { "anyOf": [text(), { "type": "null" }] },
@@ -133,16 +213,44 @@ fn schemas() -> Value {
                 "partitionName": { "type": ["string", "null"] },
                 "leaseReleased": { "type": "boolean" },
                 "dlq": { "type": "boolean" },
+                "noop": {
+                    "const": true,
+                    "description": "present only when true: the message was already below the group's committed offset, nothing changed",
+                },
             },
         },
         "AckResponse": { "type": "array", "items": { "$ref": "#/components/schemas/AckResult" } },
+        "LeaseExtendResult": {
+            "type": "object",
+            "required": ["index", "leaseId", "success", "error", "renewed", "newExpiresAt",
+                         "expiresAt", "lease_expires_at"],
+            "properties": {
+                "index": { "const": 0 },
+                "leaseId": { "type": "string" },
+                "success": { "type": "boolean" },
+                "error": { "type": ["string", "null"] },
+                "renewed": {
+                    "type": "integer", "minimum": 0,
+                    "description": "partitions whose lease was extended (0: nothing was)",
+                },
+                "newExpiresAt": { "type": ["string", "null"], "description": "the new expiry, null when nothing was renewed" },
+                "expiresAt": { "type": ["string", "null"], "description": "the same as newExpiresAt" },
+                "lease_expires_at": { "type": ["string", "null"], "description": "the same as newExpiresAt" },
+            },
+        },
+        "LeaseExtendResponse": {
+            "type": "array",
+            "items": { "$ref": "#/components/schemas/LeaseExtendResult" },
+            "minItems": 1,
+            "maxItems": 1,
+        },
         "TransactionRequest": {
             "type": "object",
             "required": ["operations"],
             "properties": {
                 "operations": {
                     "type": "array",
-                    "minItems": 1,
+                    "description": "may be empty when a kv rider is present",
                     "items": { "oneOf": [
                         {
                             "type": "object",
@@ -164,6 +272,82 @@ fn schemas() -> Value {
                     ] },
                 },
                 "requiredLeases": { "type": "array", "items": { "type": "string" } },
+                "kv": { "type": "array", "items": { "$ref": "#/components/schemas/KvOp" },
+                        "description": "KV ops in the same transaction (no getPrefix)" },
+                "timers": { "type": "array", "items": { "type": "object" },
+                            "description": "refused (400 timers_bad_request) until timers are available" },
+            },
+        },
+        "KvOp": {
+            "type": "object",
+            "required": ["op", "ns"],
+            "properties": {
+                "op": { "enum": ["get", "getMany", "getPrefix", "put", "putIfAbsent", "delete", "incr", "check"] },
+                "ns": { "type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$" },
+                "key": { "type": "string", "minLength": 1 },
+                "keys": { "type": "array", "items": { "type": "string" } },
+                "prefix": { "type": "string", "minLength": 1 },
+                "after": { "type": "string" },
+                "limit": { "type": "integer" },
+                "keysOnly": { "type": "boolean" },
+                "value": { "description": "any JSON value (null included)" },
+                "ttlSeconds": { "type": "integer", "minimum": 1 },
+                "forever": { "const": true },
+                "expect": { "type": "integer", "minimum": 0 },
+                "required": { "type": "boolean" },
+                "delta": { "type": "number" },
+                "min": { "type": "number" },
+                "max": { "type": "number" },
+            },
+        },
+        "KvRequest": {
+            "type": "object",
+            "required": ["operations"],
+            "properties": {
+                "operations": { "type": "array", "minItems": 1, "maxItems": 1000,
+                                "items": { "$ref": "#/components/schemas/KvOp" } },
+            },
+        },
+        "KvResponse": {
+            "type": "object",
+            "required": ["results"],
+            "properties": {
+                "results": { "type": "array", "items": {
+                    "type": "object", "required": ["index"],
+                    "properties": { "index": { "type": "integer", "minimum": 0 } },
+                } },
+                "success": { "const": false },
+                "reason": { "const": "kv_precondition" },
+                "failedIndex": { "type": "integer" },
+            },
+        },
+        "LocksRequest": {
+            "type": "object",
+            "required": ["operations"],
+            "properties": {
+                "operations": { "type": "array", "minItems": 1, "maxItems": 1000, "items": {
+                    "type": "object",
+                    "required": ["op", "name"],
+                    "properties": {
+                        "op": { "enum": ["acquire", "renew", "release", "get"] },
+                        "name": { "type": "string", "minLength": 1 },
+                        "ttlSeconds": { "type": "integer", "minimum": 1 },
+                        "owner": { "type": "string", "minLength": 1 },
+                        "limit": { "type": "integer", "minimum": 1, "maximum": 1024 },
+                        "token": { "type": "integer", "minimum": 1 },
+                        "slot": { "type": "integer", "minimum": 0 },
+                    },
+                } },
+            },
+        },
+        "LocksResponse": {
+            "type": "object",
+            "required": ["results"],
+            "properties": {
+                "results": { "type": "array", "items": {
+                    "type": "object", "required": ["index"],
+                    "properties": { "index": { "type": "integer", "minimum": 0 } },
+                } },
             },
         },
         "TransactionResponse": {
@@ -173,12 +357,15 @@ fn schemas() -> Value {
                 "transactionId": { "type": "string" },
                 "success": { "type": "boolean" },
                 "error": { "type": ["string", "null"] },
+                "reason": { "const": "kv_precondition" },
+                "failedIndex": { "type": "integer" },
+                "kvReason": { "enum": ["version", "absent", "exists", "limit", "type"] },
                 "results": { "type": "array", "items": {
                     "type": "object",
                     "required": ["index", "type", "success"],
                     "properties": {
                         "index": { "type": "integer" },
-                        "type": { "enum": ["push", "ack"] },
+                        "type": { "enum": ["push", "ack", "kv"] },
                         "success": { "type": "boolean" },
                     },
                 } },
@@ -223,6 +410,47 @@ fn schemas() -> Value {
                 "options": { "type": "object" },
             },
         },
+        "TimerOp": {
+            "type": "object",
+            "required": ["op", "queue", "timerKey"],
+            "description": "schedule/reschedule need payload (base64 of JSON) and delayMs; docs/timers.md",
+            "properties": {
+                "op": { "enum": ["schedule", "reschedule", "cancel"] },
+                "queue": name(),
+                "timerKey": { "type": "string", "minLength": 1, "maxLength": 1024, "pattern": "^[^\\u0000]+$" },
+                "payload": { "type": "string", "contentEncoding": "base64" },
+                "delayMs": { "type": "integer", "minimum": -31622400000_i64, "maximum": 31622400000_i64 },
+                "txn": { "anyOf": [name(), { "type": "null" }] },
+                "partition": { "anyOf": [name(), { "type": "null" }] },
+            },
+        },
+        "TimersRequest": {
+            "type": "object",
+            "required": ["operations"],
+            "properties": {
+                "operations": { "type": "array", "maxItems": 1000,
+                                "items": { "$ref": "#/components/schemas/TimerOp" } },
+            },
+        },
+        "TimersResponse": {
+            "type": "object",
+            "required": ["results"],
+            "properties": {
+                "results": { "type": "array", "items": {
+                    "type": "object",
+                    "required": ["ok", "status", "queue", "timerKey"],
+                    "properties": {
+                        "ok": { "type": "boolean" },
+                        "status": { "enum": ["scheduled", "rescheduled", "cancelled", "absent", "too_late"] },
+                        "queue": { "type": "string" },
+                        "timerKey": { "type": "string" },
+                        "txn": { "type": ["string", "null"] },
+                        "messageId": { "type": "string", "format": "uuid" },
+                        "deliverAt": { "type": "string" },
+                    },
+                } },
+            },
+        },
     })
 }
 
@@ -244,12 +472,12 @@ fn pop_query() -> Vec<Value> {
         q(
             "batch",
             json!({ "type": "integer", "minimum": 1, "maximum": 10000 }),
-            "messages per pop (default 1)",
+            "messages per pop (default 1, or the autopilot's choice with autopilot=true)",
         ),
         q(
             "partitions",
             json!({ "type": "integer", "minimum": 1, "maximum": 100 }),
-            "partitions claimed at most (default 1)",
+            "partitions claimed at most (default 1, or the autopilot's choice with autopilot=true)",
         ),
         q(
             "wait",
@@ -281,6 +509,21 @@ fn pop_query() -> Vec<Value> {
             json!({ "type": "string" }),
             "`now` or an RFC 3339 time: where a new group starts",
         ),
+        q(
+            "autopilot",
+            json!({ "type": "boolean" }),
+            "the broker sizes `batch` and `partitions` when they are left out, and echoes `autopilot` (2.x)",
+        ),
+        q(
+            "conflation",
+            json!({ "type": "boolean" }),
+            "last-value delivery for the group (2.x; 400 without consumerGroup or with autoAck)",
+        ),
+        q(
+            "leaseSeconds",
+            json!({ "type": "integer", "minimum": 1, "maximum": 86400 }),
+            "this pop's lease length in seconds instead of the queue's (2.x; 400 outside 1..86400)",
+        ),
     ]
 }
 
@@ -310,10 +553,28 @@ fn shape(method: &Method, path: &str) -> Option<Shape> {
         ("POST", "/api/v1/push") => s(Some("PushRequest"), "201", "PushResponse"),
         ("POST", "/api/v1/ack") => s(Some("Ack"), "200", "AckResponse"),
         ("POST", "/api/v1/ack/batch") => s(Some("AckBatchRequest"), "200", "AckResponse"),
+        ("POST", "/api/v1/lease/{lease_id}/extend") => Shape {
+            // The body is optional: `{}`, none, or `{"seconds": n}`.
+            request: None,
+            success: "200",
+            response: json_content(schema_ref("LeaseExtendResponse")),
+            parameters: Vec::new(),
+        },
         ("POST", "/api/v1/transaction") => {
             s(Some("TransactionRequest"), "200", "TransactionResponse")
         }
         ("POST", "/api/v1/configure") => s(Some("ConfigureRequest"), "200", "ConfigureResponse"),
+        ("POST", "/api/v1/kv") => s(Some("KvRequest"), "200", "KvResponse"),
+        ("POST", "/api/v1/locks") => s(Some("LocksRequest"), "200", "LocksResponse"),
+        ("POST", "/api/v1/timers") => s(Some("TimersRequest"), "200", "TimersResponse"),
+        ("GET", "/api/v1/system/history") => {
+            let mut shape = s(None, "200", "History");
+            shape.parameters.push(json!({
+                "name": "queue", "in": "query", "schema": name(),
+                "description": "only this queue's (queue, consumer group) series",
+            }));
+            shape
+        }
         ("GET", "/api/v1/pop/queue/{queue}")
         | ("GET", "/api/v1/pop/queue/{queue}/partition/{partition}") => pop(),
         ("GET", "/api/v1/pop") => {
@@ -326,12 +587,12 @@ fn shape(method: &Method, path: &str) -> Option<Shape> {
                 .push(json!({ "name": "task", "in": "query", "schema": text() }));
             shape
         }
-        _ => return None,
+        _ => return streams_shape(method, path),
     })
 }
 
 /// `{a}` segments of an actix path, with any `:regex` removed: (OpenAPI path, names).
-fn openapi_path(path: &str) -> (String, Vec<String>) {
+pub fn openapi_path(path: &str) -> (String, Vec<String>) {
     let mut out = String::new();
     let mut names = Vec::new();
     let mut rest = path;
@@ -469,6 +730,155 @@ pub fn document(routes: &[Route]) -> Value {
             "schemas": schemas(),
             "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer", "bearerFormat": "JWT" } },
         },
+    })
+}
+
+// ---- Streams runtime (`/streams/v1/*`, reference 2.x §2.11, docs/streams.md). Kept in this
+// ---- one block: the schemas are written inline, not in `components.schemas`.
+
+/// The shapes of the three streams routes; `None` for any other route.
+fn streams_shape(method: &Method, path: &str) -> Option<Shape> {
+    let id = || json!({ "type": "string", "format": "uuid" });
+    let refused = || {
+        json!({
+            "type": "object",
+            "required": ["success", "error"],
+            "properties": {
+                "success": { "const": false },
+                "error": { "type": "string" },
+                "code": { "enum": ["config_hash_mismatch", "query_not_found", "lease_lost",
+                                   "ack_message_not_found", "ack_refused", "sink_refused",
+                                   "state_limit_exceeded"] },
+            },
+        })
+    };
+    let shape = |request: Value, response: Value| Shape {
+        request: Some(request),
+        success: "200",
+        response: json!({ "application/json": { "schema": { "oneOf": [response, refused()] } } }),
+        parameters: Vec::new(),
+    };
+    Some(match (method.as_str(), path) {
+        ("POST", "/streams/v1/queries") => shape(
+            json!({
+                "type": "object",
+                "required": ["name", "source_queue", "config_hash"],
+                "properties": {
+                    "name": name(),
+                    "source_queue": name(),
+                    "sink_queue": { "anyOf": [name(), { "type": "null" }] },
+                    "config_hash": { "type": "string", "maxLength": 1024 },
+                    "reset": { "type": "boolean", "description": "wipe the state when the hash changed (409 without it)" },
+                },
+            }),
+            json!({
+                "type": "object",
+                "required": ["success", "query_id", "name", "config_hash", "fresh", "reset"],
+                "properties": {
+                    "success": { "const": true },
+                    "query_id": id(),
+                    "name": { "type": "string" },
+                    "config_hash": { "type": "string" },
+                    "fresh": { "type": "boolean" },
+                    "reset": { "type": "boolean" },
+                },
+            }),
+        ),
+        ("POST", "/streams/v1/state/get") => shape(
+            json!({
+                "type": "object",
+                "required": ["query_id", "partition_id"],
+                "properties": {
+                    "query_id": id(),
+                    "partition_id": id(),
+                    "keys": { "type": "array", "items": { "type": "string" }, "description": "empty: every key" },
+                    "key_prefix": { "type": "string" },
+                    "ripe_at_or_before": { "type": "number", "description": "epoch ms: only rows whose value.windowEnd is a number at or before it" },
+                },
+            }),
+            json!({
+                "type": "object",
+                "required": ["success", "rows"],
+                "properties": {
+                    "success": { "const": true },
+                    "rows": { "type": "array", "items": {
+                        "type": "object",
+                        "required": ["key", "value", "updated_at"],
+                        "properties": {
+                            "key": { "type": "string" },
+                            "value": { "description": "the JSON value as written" },
+                            "updated_at": { "type": "string" },
+                        },
+                    } },
+                },
+            }),
+        ),
+        ("POST", "/streams/v1/cycle") => shape(
+            json!({
+                "type": "object",
+                "required": ["query_id", "partition_id"],
+                "properties": {
+                    "query_id": id(),
+                    "partition_id": id(),
+                    "consumer_group": { "type": "string", "description": "empty: queue mode" },
+                    "state_ops": { "type": "array", "items": {
+                        "type": "object",
+                        "required": ["type", "key"],
+                        "properties": {
+                            "type": { "enum": ["upsert", "delete"] },
+                            "key": { "type": "string", "maxLength": 1024 },
+                            "value": { "description": "any JSON (upsert)" },
+                        },
+                    } },
+                    "push_items": { "type": "array", "items": {
+                        "type": "object",
+                        "required": ["queue", "payload"],
+                        "properties": {
+                            "queue": name(),
+                            "partition": name(),
+                            "payload": {},
+                            "transactionId": { "type": "string" },
+                            "traceId": { "type": "string" },
+                            "messageId": id(),
+                        },
+                    } },
+                    "ack": { "anyOf": [{ "type": "null" }, {
+                        "type": "object",
+                        "required": ["transactionId"],
+                        "properties": {
+                            "transactionId": { "type": "string" },
+                            "leaseId": { "type": "string" },
+                            "status": { "enum": ["completed", "success", "failed", "dlq"] },
+                            "count": { "type": "integer", "minimum": 0 },
+                            "error": { "type": "string" },
+                        },
+                    }] },
+                    "release_lease": { "type": "boolean", "default": true },
+                },
+            }),
+            json!({
+                "type": "object",
+                "required": ["success", "query_id", "partition_id", "state_ops_applied", "push_results", "ack_result"],
+                "properties": {
+                    "success": { "const": true },
+                    "query_id": id(),
+                    "partition_id": id(),
+                    "queueName": { "type": ["string", "null"] },
+                    "state_ops_applied": { "type": "integer", "minimum": 0 },
+                    "push_results": { "type": "array", "items": { "type": "object" } },
+                    "ack_result": { "anyOf": [{ "type": "null" }, {
+                        "type": "object",
+                        "properties": {
+                            "success": { "const": true },
+                            "count": { "type": "integer" },
+                            "lease_released": { "type": "boolean" },
+                            "dlq": { "type": "boolean" },
+                        },
+                    }] },
+                },
+            }),
+        ),
+        _ => return None,
     })
 }
 

@@ -7,27 +7,49 @@
 //! messages) and formats.
 //!
 //! The payloads of an encrypted queue are opened where the answer is written (`respond`); a
-//! message whose payload cannot be opened is logged with its id and left out of the answer (its
-//! lease runs out as usual), so nothing sealed or unauthenticated reaches a consumer.
+//! message whose payload cannot be opened stops its partition there: the answer holds the
+//! messages before it only, and `storage::queues::undecryptable` keeps the cursor from passing it
+//! (nothing sealed or unauthenticated reaches a consumer, and nothing is skipped).
+//!
+//! The 2.x extensions (reference §2.8, docs/consuming-2x.md): `autopilot=true` lets the broker
+//! size the knobs the query leaves out (`storage::consume::autopilot`) and echoes what it chose
+//! with a wait advice; `conflation=true` asks for last-value delivery (a stored policy of the
+//! group, `storage::consume::conflate`) and every answer of a conflating pop says so;
+//! `leaseSeconds` sets the pop's own lease length. An answer that must carry one of these
+//! echoes is a 200 with a body even when empty; any other empty answer stays a 204. A query
+//! parameter the broker does not know is ignored (a 4xx would end a 2.x consumer).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use actix_web::http::header;
-use actix_web::{web, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse};
 use chrono::{DateTime, Utc};
 
 use crate::http::error::{with_db, ApiError};
+use crate::http::PeerSocket;
+use crate::protocol::pop_framed;
 use crate::protocol::time::push_micros_iso;
 use crate::settings::Settings;
 use crate::state::AppState;
-use crate::storage::cache::WOKEN_FULL_POP_EVERY;
-use crate::storage::conns::LazyConn;
+use crate::storage::consume::autopilot::{self, Knobs, Seen};
+use crate::storage::consume::conns::LazyConn;
+use crate::storage::consume::lease_length::MAX_LEASE_SECONDS;
 use crate::storage::consume::{self, Delivery, PopRequest, Popped, SubscriptionStart, QUEUE_MODE};
-use crate::storage::crypto::{self, PayloadKey};
-use crate::storage::frames::Frame;
+use crate::storage::queues::undecryptable;
+use crate::storage::segments::cache::{SegmentCache, WOKEN_FULL_POP_EVERY};
+use crate::storage::segments::crypto::{self, PayloadKey};
+use crate::storage::segments::frames::Frame;
 use crate::storage::StorageError;
 use crate::wake::WakeKey;
+
+/// `write!` into a `Vec<u8>`, which cannot fail.
+macro_rules! write {
+    ($out:expr, $($arg:tt)*) => {
+        std::io::Write::write_fmt(&mut $out, format_args!($($arg)*))
+            .expect("writing to a Vec cannot fail")
+    };
+}
 
 /// What a pop query leaves out: `DEFAULT_BATCH_SIZE`, `DEFAULT_TIMEOUT`,
 /// `DEFAULT_SUBSCRIPTION_MODE`.
@@ -48,11 +70,17 @@ impl Defaults {
     }
 }
 
-/// The query of the three pop routes, interpreted as Queen does (§1, §4.2).
+/// The query of the three pop routes, interpreted as Queen does (§1, §4.2; 2.x §2.8).
 #[derive(Debug, Clone)]
 struct PopParams {
-    batch: usize,
-    partitions: usize,
+    /// `batch` as the query gives it (`None`: left out, or not a number).
+    batch: Option<usize>,
+    /// `partitions` as the query gives it.
+    partitions: Option<usize>,
+    /// `DEFAULT_BATCH_SIZE`, for a pop that leaves `batch` out without autopilot.
+    default_batch: usize,
+    /// `autopilot=true`: the broker sizes what the query leaves out, and says what it chose.
+    autopilot: bool,
     wait: bool,
     timeout: Duration,
     group: String,
@@ -60,6 +88,12 @@ struct PopParams {
     start: SubscriptionStart,
     namespace: Option<String>,
     task: Option<String>,
+    /// `conflation=true`.
+    conflation: bool,
+    /// `leaseSeconds`.
+    lease_seconds: Option<i32>,
+    /// `frames=true`: answer `QPF1` (docs/binary-wire.md) where the messages allow it.
+    frames: bool,
 }
 
 fn flag(q: &HashMap<String, String>, key: &str) -> bool {
@@ -72,8 +106,17 @@ fn int<T: std::str::FromStr>(q: &HashMap<String, String>, key: &str, default: T)
         .unwrap_or(default)
 }
 
+/// A count parameter: `None` when absent or not a number, at least 1 otherwise.
+fn count(q: &HashMap<String, String>, key: &str) -> Option<usize> {
+    q.get(key)
+        .and_then(|v| v.trim().parse::<i64>().ok())
+        .map(|n| usize::try_from(n.max(1)).unwrap_or(usize::MAX))
+}
+
 impl PopParams {
-    fn parse(q: &HashMap<String, String>, defaults: Defaults) -> Self {
+    /// Reads the query; an unknown parameter is ignored, a value past its bounds or a
+    /// combination the protocol refuses is a 400 naming it.
+    fn parse(q: &HashMap<String, String>, defaults: Defaults) -> Result<Self, ApiError> {
         let group = q
             .get("consumerGroup")
             .filter(|g| !g.is_empty())
@@ -90,16 +133,57 @@ impl PopParams {
         } else {
             SubscriptionStart::All
         };
-        Self {
-            batch: int::<i64>(q, "batch", defaults.batch as i64).max(1) as usize,
-            partitions: int::<i64>(q, "partitions", 1).max(1) as usize,
+        let lease_seconds = match q.get("leaseSeconds") {
+            None => None,
+            Some(v) => Some(
+                v.trim()
+                    .parse::<i32>()
+                    .ok()
+                    .filter(|n| (1..=MAX_LEASE_SECONDS).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::BadRequest(format!(
+                            "leaseSeconds must be a whole number of seconds from 1 to {MAX_LEASE_SECONDS}, got {v:?}"
+                        ))
+                    })?,
+            ),
+        };
+        let conflation = flag(q, "conflation");
+        let auto_ack = flag(q, "autoAck");
+        if conflation && group == QUEUE_MODE {
+            return Err(ApiError::BadRequest(
+                "conflation=true needs a consumerGroup: conflation is a policy of a consumer group"
+                    .into(),
+            ));
+        }
+        if conflation && auto_ack {
+            return Err(ApiError::BadRequest(
+                "conflation=true cannot be combined with autoAck=true".into(),
+            ));
+        }
+        Ok(Self {
+            batch: count(q, "batch"),
+            partitions: count(q, "partitions"),
+            default_batch: defaults.batch.max(1),
+            autopilot: flag(q, "autopilot"),
             wait: flag(q, "wait"),
             timeout: Duration::from_millis(int(q, "timeout", defaults.timeout.as_millis() as u64)),
             group,
-            auto_ack: flag(q, "autoAck"),
+            auto_ack,
             start,
             namespace: q.get("namespace").filter(|v| !v.is_empty()).cloned(),
             task: q.get("task").filter(|v| !v.is_empty()).cloned(),
+            conflation,
+            lease_seconds,
+            frames: flag(q, "frames"),
+        })
+    }
+
+    /// The knobs of a pop that does not engage autopilot: what the query says, else the
+    /// defaults (`DEFAULT_BATCH_SIZE`, one partition).
+    fn plain_knobs(&self) -> Knobs {
+        Knobs {
+            batch: self.batch.unwrap_or(self.default_batch),
+            partitions: self.partitions.unwrap_or(1),
         }
     }
 }
@@ -113,20 +197,23 @@ enum Source {
 
 /// `GET /api/v1/pop/queue/{queue}`.
 pub async fn pop_queue(
+    req: HttpRequest,
     path: web::Path<String>,
     query: web::Query<HashMap<String, String>>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     serve(
         &state,
-        &PopParams::parse(&query, Defaults::of(&state.settings)),
+        &PopParams::parse(&query, Defaults::of(&state.settings))?,
         Source::Queue(path.into_inner()),
+        PeerSocket::of(&req),
     )
     .await
 }
 
 /// `GET /api/v1/pop/queue/{queue}/partition/{partition}`.
 pub async fn pop_partition(
+    req: HttpRequest,
     path: web::Path<(String, String)>,
     query: web::Query<HashMap<String, String>>,
     state: web::Data<AppState>,
@@ -134,31 +221,175 @@ pub async fn pop_partition(
     let (queue, partition) = path.into_inner();
     serve(
         &state,
-        &PopParams::parse(&query, Defaults::of(&state.settings)),
+        &PopParams::parse(&query, Defaults::of(&state.settings))?,
         Source::Partition(queue, partition),
+        PeerSocket::of(&req),
     )
     .await
 }
 
 /// `GET /api/v1/pop?namespace=..&task=..` (§4.7): the first matching queue that yields.
 pub async fn pop_matching(
+    req: HttpRequest,
     query: web::Query<HashMap<String, String>>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let params = PopParams::parse(&query, Defaults::of(&state.settings));
+    let params = PopParams::parse(&query, Defaults::of(&state.settings))?;
     let source = Source::Matching(params.namespace.clone(), params.task.clone());
-    serve(&state, &params, source).await
+    serve(&state, &params, source, PeerSocket::of(&req)).await
 }
 
-/// Runs pop attempts until one yields, or once without `wait`, or until the timeout.
+/// What an answer says about conflation (reference §2.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Conflation {
+    /// Nothing: the pop did not ask, and no conflating policy was seen.
+    Silent,
+    /// `"conflation": true`: the pop was served as the group's conflating policy says (every
+    /// such answer carries it, empty ones too).
+    Applied,
+    /// `"conflationConflict": true` and no `conflation` key: the pop asked for conflation and
+    /// the group's stored policy is not conflating (the stored policy wins).
+    Conflict,
+}
+
+impl Conflation {
+    /// The echo of a pop that asked for conflation (`requested`) when the group's stored policy
+    /// is `stored` (`None`: not read, e.g. the queue does not exist yet).
+    fn of(requested: bool, stored: Option<bool>) -> Self {
+        match (requested, stored) {
+            (true, Some(false)) => Self::Conflict,
+            (true, _) | (false, Some(true)) => Self::Applied,
+            (false, _) => Self::Silent,
+        }
+    }
+}
+
+/// What a pop answer carries beyond the messages.
+#[derive(Debug, Clone, Copy)]
+struct Echo {
+    /// The knobs autopilot ran with and its wait advice (ms), when the pop engaged it.
+    autopilot: Option<(Knobs, u64)>,
+    conflation: Conflation,
+}
+
+impl Echo {
+    /// Whether an empty answer must be a body (else a 204).
+    fn needs_body(&self) -> bool {
+        self.autopilot.is_some() || self.conflation != Conflation::Silent
+    }
+
+    /// The echo keys, each with a leading comma, for the end of the answer object.
+    fn write(&self, out: &mut Vec<u8>) {
+        if let Some((knobs, wait_ms)) = self.autopilot {
+            write!(
+                *out,
+                ",\"autopilot\":{{\"partitions\":{},\"batch\":{},\"waitMs\":{}}}",
+                knobs.partitions, knobs.batch, wait_ms
+            );
+        }
+        match self.conflation {
+            Conflation::Silent => {}
+            Conflation::Applied => out.extend_from_slice(b",\"conflation\":true"),
+            Conflation::Conflict => out.extend_from_slice(b",\"conflationConflict\":true"),
+        }
+    }
+}
+
+/// The answer of a pop that hands nothing out: 204, or, when the echo must be said, 200 with
+/// `{"success": true, "messages": [], "partitionsClaimed": 0, ...echo}`.
+fn nothing(echo: &Echo) -> HttpResponse {
+    if !echo.needs_body() {
+        return HttpResponse::NoContent().finish();
+    }
+    let mut out = Vec::with_capacity(160);
+    out.extend_from_slice(b"{\"success\":true,\"messages\":[],\"partitionsClaimed\":0");
+    echo.write(&mut out);
+    out.push(b'}');
+    HttpResponse::Ok()
+        .insert_header((header::CONTENT_TYPE, "application/json"))
+        .body(out)
+}
+
+/// Who the autopilot learns about: the pop's scope (queue; queue and partition; namespace and
+/// task) as one key. Names never hold NUL (`http::inputs`), so NUL separates them.
+fn scope(source: &Source) -> String {
+    match source {
+        Source::Queue(q) => q.clone(),
+        Source::Partition(q, p) => format!("{q}\u{0}{p}"),
+        Source::Matching(ns, task) => format!(
+            "\u{0}{}\u{0}{}",
+            ns.as_deref().unwrap_or(""),
+            task.as_deref().unwrap_or("")
+        ),
+    }
+}
+
+/// The knobs of this pop: the autopilot's choice for what the query leaves out (reading the
+/// ready partitions once when it has not seen the pair yet), or the plain defaults.
+async fn knobs(
+    state: &AppState,
+    params: &PopParams,
+    source: &Source,
+    scope: &str,
+) -> Result<Knobs, ApiError> {
+    if !params.autopilot {
+        return Ok(params.plain_knobs());
+    }
+    let mut ready = 0;
+    if let Source::Queue(queue) = source {
+        if params.partitions.is_none() {
+            if state.autopilot.first_sight(scope, &params.group) {
+                ready = with_db(state, async {
+                    let mut conn = state.lease_pool.acquire().await?;
+                    autopilot::ready_partitions(&mut conn, queue, &params.group).await
+                })
+                .await?;
+            }
+            // Partitions this broker's acks released with messages left are ready too.
+            ready += state.handoffs.waiting(queue, &params.group);
+        }
+    }
+    Ok(state
+        .autopilot
+        .choose(scope, &params.group, params.batch, params.partitions, ready))
+}
+
+/// Runs pop attempts until one yields, or once without `wait`, or until the timeout; after a
+/// wait, only while the client (`peer`) is still there.
 async fn serve(
     state: &AppState,
     params: &PopParams,
     source: Source,
+    peer: Option<PeerSocket>,
 ) -> Result<HttpResponse, ApiError> {
     if state.flags.pop_maintenance() {
-        return Ok(HttpResponse::NoContent().finish());
+        // Nothing is handed out. An echo the client waits for is still said: a conflating
+        // consumer takes a silent answer for a broker without conflation, and autopilot
+        // advises the longest wait.
+        return Ok(nothing(&Echo {
+            autopilot: params
+                .autopilot
+                .then(|| (params.plain_knobs(), autopilot::MAX_WAIT_MS)),
+            conflation: Conflation::of(params.conflation, None),
+        }));
     }
+    let scope = scope(&source);
+    let knobs = knobs(state, params, &source, &scope).await?;
+    // What autopilot learns from this pop's answer, and the echo it gets.
+    let echo = |seen: Seen, stored: Option<bool>| Echo {
+        autopilot: params.autopilot.then(|| {
+            let wait_ms = state.autopilot.learn(
+                &scope,
+                &params.group,
+                knobs,
+                seen,
+                params.batch.is_none(),
+                params.partitions.is_none(),
+            );
+            (knobs, wait_ms)
+        }),
+        conflation: Conflation::of(params.conflation, stored),
+    };
     let deadline = Instant::now() + params.timeout;
     let key = match &source {
         Source::Queue(q) if params.group == QUEUE_MODE => WakeKey::Queue(q.clone()),
@@ -173,13 +404,21 @@ async fn serve(
     // `WOKEN_FULL_POP_EVERY` on this broker, not by every waiting consumer in turn.
     // Whether the last wait ran out (the look after it was the re-check).
     let mut rechecked = false;
+    let mut waited = false;
+    // The group's stored conflation policy, as the last look that read it saw it.
+    let mut stored: Option<bool> = None;
     loop {
+        if waited && peer.is_some_and(PeerSocket::gone) {
+            // The consumer hung up while waiting: nothing is claimed for it.
+            return Ok(HttpResponse::NoContent().finish());
+        }
+        waited = true;
         // Enabled before PostgreSQL is read, so a push committing in between still wakes us.
         let notified = waiter.notify().notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
 
-        let popped = with_db(state, async {
+        let looked = with_db(state, async {
             // A lease needs no WAL flush of its own; a pop that commits the cursor (autoAck)
             // does.
             let pool = if params.auto_ack {
@@ -199,8 +438,8 @@ async fn serve(
                 queue,
                 partition,
                 group: &params.group,
-                batch: params.batch,
-                partitions: params.partitions,
+                batch: knobs.batch,
+                partitions: knobs.partitions,
                 auto_ack: params.auto_ack,
                 start: params.start.clone(),
                 owner: &state.broker_id,
@@ -209,6 +448,8 @@ async fn serve(
                 handoffs: &state.handoffs,
                 claims: &state.claims,
                 ahead: &state.ahead,
+                conflation: params.conflation,
+                lease_seconds: params.lease_seconds,
             };
             match &source {
                 Source::Matching(ns, task) => {
@@ -218,7 +459,8 @@ async fn serve(
             }
         })
         .await?;
-        if let Some(popped) = popped {
+        stored = looked.conflation.or(stored);
+        if let Some(popped) = looked.popped {
             let decoded = decode(&popped)?;
             if let Some(lease) = popped.lease_id {
                 // The acks of this lease find their messages by these ids, not by reading the
@@ -240,14 +482,46 @@ async fn serve(
             // that did not took all its partition had (other written partitions rang their
             // own wake-ups), so waking another waiter would only send it to PostgreSQL for
             // nothing.
-            if params.wait && messages >= params.batch {
+            if params.wait && messages >= knobs.batch {
                 state.wake.pass_on(&key);
             }
-            return respond(&popped, &decoded, &params.group, state.payload_key.as_ref());
+            let seen = Seen {
+                messages,
+                partitions: popped.deliveries.len(),
+                left: popped.deliveries.iter().map(|d| d.left).sum(),
+            };
+            let echo = echo(seen, stored);
+            let mut cuts = Vec::new();
+            let framed = if params.frames {
+                respond_framed(
+                    &state.cache,
+                    &popped,
+                    &decoded,
+                    &params.group,
+                    state.payload_key.as_ref(),
+                    &mut cuts,
+                    &echo,
+                )
+            } else {
+                None
+            };
+            let answer = match framed {
+                Some(answer) => answer,
+                None => respond(
+                    &popped,
+                    &decoded,
+                    &params.group,
+                    state.payload_key.as_ref(),
+                    &mut cuts,
+                    &echo,
+                ),
+            };
+            stop_at_unopenable(state, &popped, params, cuts).await?;
+            return answer;
         }
         let now = Instant::now();
         if !params.wait || now >= deadline {
-            return Ok(HttpResponse::NoContent().finish());
+            return Ok(nothing(&echo(Seen::default(), stored)));
         }
         // Lease expiry and delayed messages make messages available without a push. A woken
         // look may have skipped the full pop (see `PopRequest::woken`): unless a wake-up comes
@@ -311,12 +585,57 @@ fn yield_to_consumers(state: &AppState, decoded: &Decoded<'_>) {
     }
 }
 
-/// `write!` into a `Vec<u8>`, which cannot fail.
-macro_rules! write {
-    ($out:expr, $($arg:tt)*) => {
-        std::io::Write::write_fmt(&mut $out, format_args!($($arg)*))
-            .expect("writing to a Vec cannot fail")
-    };
+/// A message `respond` could not open: its delivery (index in `Popped::deliveries`), offset,
+/// id and why. The answer holds nothing of that delivery from there on.
+type Cut = (usize, i64, uuid::Uuid, crypto::CryptoError);
+
+/// Stops the cursor of each cut partition at its unopenable message (logged, counted, listed
+/// in `GET /api/v1/system/undecryptable`), and clears the stop of the partitions delivered in
+/// full.
+async fn stop_at_unopenable(
+    state: &AppState,
+    popped: &Popped,
+    params: &PopParams,
+    cuts: Vec<Cut>,
+) -> Result<(), ApiError> {
+    for (i, d) in popped.deliveries.iter().enumerate() {
+        if !cuts.iter().any(|c| c.0 == i) {
+            state
+                .undecryptable
+                .delivered(&popped.queue, &d.partition, &params.group);
+        }
+    }
+    for (i, offset, message_id, error) in cuts {
+        let d = &popped.deliveries[i];
+        let held = with_db(state, async {
+            let mut conn = state.pool.acquire().await?;
+            undecryptable::hold_at(
+                &mut conn,
+                d.partition_id,
+                &params.group,
+                offset,
+                params.auto_ack,
+            )
+            .await
+        })
+        .await?;
+        tracing::error!(queue = %popped.queue, partition = %d.partition,
+            consumer_group = %params.group, offset, message_id = %message_id, error = %error, held,
+            "a stored payload cannot be decrypted with this broker's key; the partition stops there for the group until a broker with the right key pops it");
+        state.metrics.undecryptable();
+        state.undecryptable.record(undecryptable::Stop {
+            queue: popped.queue.clone(),
+            partition: d.partition.clone(),
+            partition_id: d.partition_uuid,
+            consumer_group: params.group.clone(),
+            offset,
+            message_id,
+            error: error.to_string(),
+            since: crate::protocol::time::iso_millis(Utc::now()),
+            pops: 1,
+        });
+    }
+    Ok(())
 }
 
 /// The delivered frames of each delivery, decoded once for the answer and the metrics.
@@ -343,6 +662,8 @@ fn respond(
     decoded: &Decoded<'_>,
     group: &str,
     key: Option<&PayloadKey>,
+    cuts: &mut Vec<Cut>,
+    echo: &Echo,
 ) -> Result<HttpResponse, ApiError> {
     let lease = popped.lease_id.map(|l| l.to_string()).unwrap_or_default();
     let first = popped
@@ -373,11 +694,11 @@ fn respond(
     out.extend_from_slice(b",\"messages\":[");
     let mut comma = false;
     let mut uuid_buf = uuid::Uuid::encode_buffer();
-    for (d, frames) in decoded {
+    for (i, (d, frames)) in decoded.iter().enumerate() {
         let partition_json = json_str(&d.partition);
         let partition_uuid = d.partition_uuid.hyphenated().to_string();
         let retry_count = d.retry_count.to_string();
-        for (_, f) in frames {
+        for (offset, f) in frames {
             let opened;
             let payload = if f.encrypted {
                 match crypto::open_with(key, f.payload) {
@@ -386,10 +707,9 @@ fn respond(
                         opened.as_str()
                     }
                     Err(e) => {
-                        tracing::error!(message_id = %f.id, queue = %popped.queue,
-                            partition = %d.partition, error = %e,
-                            "a stored payload cannot be decrypted; message left out of the pop");
-                        continue;
+                        // Nothing from here on: the cursor must not pass this message.
+                        cuts.push((i, *offset, f.id, e));
+                        break;
                     }
                 }
             } else {
@@ -427,13 +747,136 @@ fn respond(
         }
     }
     if !comma {
-        // Every message failed to open (logged above): nothing to deliver.
-        return Ok(HttpResponse::NoContent().finish());
+        // The first message of every delivery failed to open (see `stop_at_unopenable`).
+        return Ok(nothing(echo));
     }
-    write!(out, "],\"partitionsClaimed\":{}}}", popped.deliveries.len());
+    write!(out, "],\"partitionsClaimed\":{}", popped.deliveries.len());
+    echo.write(&mut out);
+    out.push(b'}');
     Ok(HttpResponse::Ok()
         .insert_header((header::CONTENT_TYPE, "application/json"))
         .body(out))
+}
+
+/// Record frames of at least this many bytes (a claim's run of one arrival time) go as one zstd
+/// frame; smaller ones raw, where compressing costs more than the bytes it saves.
+const COMPRESS_FROM: usize = 4096;
+
+/// The framed answer `QPF1` (docs/binary-wire.md "Framed pop") of a pop that asked for
+/// `frames=true`, with the same messages, lease, group and echo as [`respond`] writes. `None`
+/// when the answer cannot be framed, and the caller answers JSON (which a client that asked
+/// for frames reads as well): a trace id that is not a UUID (a frame carries 16 bytes; trace
+/// ids of transaction pushes are free text), or a field too long for its length word.
+fn respond_framed(
+    state_cache: &SegmentCache,
+    popped: &Popped,
+    decoded: &Decoded<'_>,
+    group: &str,
+    key: Option<&PayloadKey>,
+    cuts: &mut Vec<Cut>,
+    echo: &Echo,
+) -> Option<Result<HttpResponse, ApiError>> {
+    // Checked before any payload is opened, so a fallback leaves `cuts` untouched.
+    let mut traces = Vec::with_capacity(decoded.iter().map(|(_, f)| f.len()).sum());
+    for (_, frames) in decoded {
+        for (_, f) in frames {
+            traces.push(match f.trace_id {
+                None => None,
+                Some(t) => Some(uuid::Uuid::parse_str(t).ok()?),
+            });
+        }
+    }
+    let mut traces = traces.into_iter();
+    let mut opened: Vec<Vec<String>> = Vec::with_capacity(decoded.len());
+    let mut found_cuts = Vec::new();
+    for (i, (_, frames)) in decoded.iter().enumerate() {
+        let mut texts = Vec::new();
+        for (offset, f) in frames.iter().filter(|(_, f)| f.encrypted) {
+            match crypto::open_with(key, f.payload) {
+                Ok(text) => texts.push(text),
+                Err(e) => {
+                    found_cuts.push((i, *offset, f.id, e));
+                    break;
+                }
+            }
+        }
+        opened.push(texts);
+    }
+    let mut claims = Vec::with_capacity(decoded.len());
+    let mut payload_bytes = 0;
+    for (d, _) in decoded {
+        // Acks name the partition by the id this answer gives.
+        state_cache.note_partition(d.partition_id, d.partition_uuid);
+    }
+    for (i, (d, frames)) in decoded.iter().enumerate() {
+        let cut_at = found_cuts
+            .iter()
+            .find(|(at, ..)| *at == i)
+            .map(|(_, offset, ..)| *offset);
+        let mut sealed = opened[i].iter();
+        let mut messages = Vec::with_capacity(frames.len());
+        for (offset, f) in frames {
+            let trace_id = traces.next().expect("one trace slot per frame");
+            if cut_at.is_some_and(|cut| *offset >= cut) {
+                // Nothing from the unopenable message on: the cursor must not pass it.
+                continue;
+            }
+            let payload = if f.encrypted {
+                sealed
+                    .next()
+                    .expect("an opened text per sealed frame before the cut")
+            } else {
+                f.payload
+            };
+            payload_bytes += payload.len();
+            messages.push(pop_framed::Message {
+                offset: u64::try_from(*offset).expect("offsets are not negative"),
+                id: f.id,
+                trace_id,
+                transaction_id: f.transaction_id,
+                producer_sub: f.producer_sub,
+                payload,
+                created_at_micros: f.created_at_micros,
+            });
+        }
+        let start = u64::try_from(d.first_offset).expect("offsets are not negative");
+        claims.push(pop_framed::Claim {
+            partition_id: u64::try_from(d.partition_id).expect("partition ids are positive"),
+            partition: &d.partition,
+            start,
+            end: start + d.count.max(1) as u64 - 1,
+            delivery_attempt: u32::try_from(d.retry_count.max(0))
+                .unwrap_or(u32::MAX)
+                .saturating_add(1),
+            messages,
+        });
+    }
+    if claims.iter().all(|c| c.messages.is_empty()) {
+        // The first message of every delivery failed to open (see `stop_at_unopenable`).
+        cuts.extend(found_cuts);
+        return Some(Ok(nothing(echo)));
+    }
+    let mut own = Vec::new();
+    echo.write(&mut own);
+    let own = if own.is_empty() {
+        String::new()
+    } else {
+        // `Echo::write` writes each key with a leading comma, for the end of an object.
+        format!("{{{}}}", String::from_utf8_lossy(&own[1..]))
+    };
+    let lease = popped.lease_id.map(|l| l.to_string()).unwrap_or_default();
+    let answer = pop_framed::Answer {
+        own: &own,
+        queue: &popped.queue,
+        lease_id: &lease,
+        consumer_group: group,
+        claims,
+    };
+    let body = pop_framed::encode(&answer, payload_bytes >= COMPRESS_FROM).ok()?;
+    cuts.extend(found_cuts);
+    Some(Ok(HttpResponse::Ok()
+        .insert_header((header::CONTENT_TYPE, pop_framed::CONTENT_TYPE))
+        .body(body)))
 }
 
 /// A string as a JSON string literal.
@@ -458,6 +901,84 @@ fn push_opt_json_str(out: &mut Vec<u8>, s: Option<&str>) {
 mod tests {
     use super::*;
 
+    const D: Defaults = Defaults {
+        batch: 1,
+        timeout: Duration::from_millis(30_000),
+        subscription_new: false,
+    };
+
+    #[test]
+    fn the_2x_parameters_are_read_and_their_bounds_are_400s() {
+        let p = PopParams::parse(
+            &q(&[
+                ("autopilot", "true"),
+                ("partitions", "3"),
+                ("leaseSeconds", "86400"),
+                ("conflation", "true"),
+                ("consumerGroup", "g"),
+                ("frames", "true"),
+                ("somethingNew", "x"),
+            ]),
+            D,
+        )
+        .unwrap();
+        assert!(p.autopilot && p.conflation);
+        assert_eq!((p.batch, p.partitions), (None, Some(3)));
+        assert_eq!(p.lease_seconds, Some(86_400));
+        for bad in ["0", "86401", "-5", "1.5", "soon", ""] {
+            let e = PopParams::parse(&q(&[("leaseSeconds", bad)]), D).unwrap_err();
+            assert!(e.to_string().contains("leaseSeconds"), "{bad}: {e}");
+        }
+        let e = PopParams::parse(&q(&[("conflation", "true")]), D).unwrap_err();
+        assert!(e.to_string().contains("consumerGroup"), "{e}");
+        let e = PopParams::parse(
+            &q(&[
+                ("conflation", "true"),
+                ("consumerGroup", "g"),
+                ("autoAck", "true"),
+            ]),
+            D,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("autoAck"), "{e}");
+        // conflation=false asks for nothing.
+        assert!(PopParams::parse(&q(&[("conflation", "false"), ("autoAck", "true")]), D).is_ok());
+    }
+
+    #[test]
+    fn the_echo_says_what_the_answer_must_say() {
+        assert_eq!(Conflation::of(false, None), Conflation::Silent);
+        assert_eq!(Conflation::of(false, Some(false)), Conflation::Silent);
+        assert_eq!(Conflation::of(false, Some(true)), Conflation::Applied);
+        assert_eq!(Conflation::of(true, None), Conflation::Applied);
+        assert_eq!(Conflation::of(true, Some(true)), Conflation::Applied);
+        assert_eq!(Conflation::of(true, Some(false)), Conflation::Conflict);
+        let silent = Echo {
+            autopilot: None,
+            conflation: Conflation::Silent,
+        };
+        assert_eq!(nothing(&silent).status(), 204);
+        let mut out = Vec::new();
+        Echo {
+            autopilot: Some((
+                Knobs {
+                    batch: 10,
+                    partitions: 2,
+                },
+                100,
+            )),
+            conflation: Conflation::Conflict,
+        }
+        .write(&mut out);
+        let v: serde_json::Value =
+            serde_json::from_slice(&[b"{\"x\":0".as_slice(), &out, b"}"].concat()).unwrap();
+        assert_eq!(v["autopilot"]["partitions"], 2);
+        assert_eq!(v["autopilot"]["batch"], 10);
+        assert_eq!(v["autopilot"]["waitMs"], 100);
+        assert_eq!(v["conflationConflict"], true);
+        assert!(v.get("conflation").is_none());
+    }
+
     fn q(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs
             .iter()
@@ -472,9 +993,10 @@ mod tests {
             timeout: Duration::from_millis(30_000),
             subscription_new: false,
         };
-        let p = PopParams::parse(&q(&[]), d);
+        let p = PopParams::parse(&q(&[]), d).unwrap();
+        let k = p.plain_knobs();
         assert_eq!(
-            (p.batch, p.partitions, p.wait, p.auto_ack),
+            (k.batch, k.partitions, p.wait, p.auto_ack),
             (1, 1, false, false)
         );
         assert_eq!(p.group, QUEUE_MODE);
@@ -489,13 +1011,17 @@ mod tests {
                 ("subscriptionMode", "new-only"),
             ]),
             d,
+        )
+        .unwrap();
+        assert_eq!(
+            (p.plain_knobs().batch, p.wait, p.auto_ack),
+            (1, true, false)
         );
-        assert_eq!((p.batch, p.wait, p.auto_ack), (1, true, false));
         assert_eq!(p.timeout, Duration::from_millis(30_000));
         assert_eq!(p.start, SubscriptionStart::New);
-        let p = PopParams::parse(&q(&[("subscriptionFrom", "2024-01-02T03:04:05Z")]), d);
+        let p = PopParams::parse(&q(&[("subscriptionFrom", "2024-01-02T03:04:05Z")]), d).unwrap();
         assert!(matches!(p.start, SubscriptionStart::From(_)));
-        let p = PopParams::parse(&q(&[("subscriptionFrom", "yesterday")]), d);
+        let p = PopParams::parse(&q(&[("subscriptionFrom", "yesterday")]), d).unwrap();
         assert_eq!(p.start, SubscriptionStart::All);
     }
 
@@ -506,10 +1032,16 @@ mod tests {
             timeout: Duration::from_millis(2_000),
             subscription_new: true,
         };
-        let p = PopParams::parse(&q(&[("consumerGroup", "g")]), d);
-        assert_eq!((p.batch, p.timeout), (50, Duration::from_millis(2_000)));
+        let p = PopParams::parse(&q(&[("consumerGroup", "g")]), d).unwrap();
+        assert_eq!(
+            (p.plain_knobs().batch, p.timeout),
+            (50, Duration::from_millis(2_000))
+        );
         assert_eq!(p.start, SubscriptionStart::New);
-        let p = PopParams::parse(&q(&[("batch", "3"), ("subscriptionMode", "all")]), d);
-        assert_eq!((p.batch, p.start), (3, SubscriptionStart::All));
+        let p = PopParams::parse(&q(&[("batch", "3"), ("subscriptionMode", "all")]), d).unwrap();
+        assert_eq!(
+            (p.plain_knobs().batch, p.start),
+            (3, SubscriptionStart::All)
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! The resource routes (reference §9.5): queues (list, detail, delete), namespaces, tasks and
 //! the overview. Values are computed on request from the partitions' offsets, first/last
-//! segments (primary-key probes) and consumer state (`storage::progress`), not from a
+//! segments (primary-key probes) and consumer state (`storage::queues::progress`), not from a
 //! periodically refreshed stats table, so they are never stale (`statsAge` is 0).
 
 use std::collections::{BTreeMap, HashMap};
@@ -12,9 +12,9 @@ use serde_json::{json, Value};
 use crate::http::error::ApiError;
 use crate::protocol::time::iso_millis;
 use crate::state::AppState;
-use crate::storage::groups;
-use crate::storage::queues::{self, Queue};
-use crate::storage::resources::{self, message_counts, MessageCounts, PartitionRow};
+use crate::storage::queues::catalog::{self, Queue};
+use crate::storage::queues::groups;
+use crate::storage::queues::resources::{self, message_counts, MessageCounts, PartitionRow};
 
 /// A queue's partition count and summed message counts.
 #[derive(Default, Clone, Copy)]
@@ -26,7 +26,7 @@ struct Tally {
 /// Every queue with its partitions' tally, in listing order (priority, then name).
 async fn tallied_queues(state: &AppState) -> Result<Vec<(Queue, Tally)>, ApiError> {
     let mut conn = state.admin_pool.acquire().await?;
-    let all = queues::all(&mut conn).await?;
+    let all = catalog::all(&mut conn).await?;
     let mut tallies: HashMap<i64, Tally> = HashMap::new();
     for p in resources::partitions(&mut conn, None).await? {
         let t = tallies.entry(p.queue_id).or_default();
@@ -84,7 +84,7 @@ pub async fn queue_detail(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let mut conn = state.admin_pool.acquire().await?;
-    let queue = queues::find(&mut conn, &name)
+    let queue = catalog::find(&mut conn, &name)
         .await?
         .ok_or_else(|| ApiError::NotFound("Queue not found".into()))?;
     let partitions = resources::partitions(&mut conn, Some(queue.id)).await?;
@@ -112,7 +112,7 @@ pub async fn delete_queue(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.acquire().await?;
-    let existed = queues::delete(&mut conn, &name).await?;
+    let existed = catalog::delete(&mut conn, &name).await?;
     Ok(HttpResponse::Ok().json(json!({
         "deleted": true,
         "queue": name.into_inner(),
@@ -160,7 +160,7 @@ pub async fn tasks(state: web::Data<AppState>) -> Result<HttpResponse, ApiError>
 }
 
 /// `GET /api/v1/resources/overview`. Lag is over every (subscribed group, partition) pair
-/// with something unconsumed (`storage::groups::lag_summary`), computed on request like the
+/// with something unconsumed (`storage::queues::groups::lag_summary`), computed on request like the
 /// counts. `processedPerSecond` is always 0: consumer state keeps cursors and totals, not a
 /// history of when messages were consumed, so there is no rate to read.
 pub async fn overview(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {

@@ -8,6 +8,10 @@
 //! commit times, PostgreSQL's statistics), computed on request. Nothing keeps a history of
 //! samples, so the series that Queen 0.15 samples into tables (system and worker metrics) hold
 //! one point: now. `stats/refresh` has nothing to refresh and says so.
+//!
+//! Every read runs on the admin-read pool (`AppState::admin_pool`: few connections, a
+//! statement timeout), never the shared pool `/health` and the acks use; a time series is
+//! bounded to `status::MAX_BUCKETS` buckets, checked before any statement runs.
 
 use std::collections::HashMap;
 
@@ -18,9 +22,9 @@ use serde_json::{json, Value};
 use crate::http::error::ApiError;
 use crate::protocol::time::iso_millis;
 use crate::state::AppState;
-use crate::storage::messages::{self, Filter};
-use crate::storage::status::{self, Interval, Scope};
-use crate::storage::{groups, queues};
+use crate::storage::observe::status::{self, Interval, Scope};
+use crate::storage::queues::messages::{self, Filter};
+use crate::storage::{queues::catalog, queues::groups};
 
 type Query = web::Query<HashMap<String, String>>;
 
@@ -77,6 +81,11 @@ fn window(
             ))
         })?,
     };
+    // Refused before any statement runs: a range of centuries by the minute would hold a
+    // connection while PostgreSQL generates billions of buckets.
+    if status::buckets_at_most(from, to, interval) > status::MAX_BUCKETS {
+        return Err(too_many_buckets());
+    }
     Ok((from, to, interval))
 }
 
@@ -88,7 +97,7 @@ async fn series(
     to: DateTime<Utc>,
     interval: Interval,
 ) -> Result<Vec<Value>, ApiError> {
-    let mut conn = state.pool.acquire().await?;
+    let mut conn = state.admin_pool.acquire().await?;
     let rows = status::written(&mut conn, scope, from, to, interval, false)
         .await?
         .ok_or_else(too_many_buckets)?;
@@ -111,14 +120,14 @@ pub async fn overview(query: Query, state: web::Data<AppState>) -> Result<HttpRe
     let (from, to, interval) = window(&query, 1, Interval::Minute)?;
     let scope = scope(&query);
     let (all, tallies) = {
-        let mut conn = state.pool.acquire().await?;
+        let mut conn = state.admin_pool.acquire().await?;
         (
-            queues::all(&mut conn).await?,
+            catalog::all(&mut conn).await?,
             status::tallies(&mut conn, None).await?,
         )
     };
     let mut partitions = 0;
-    let mut counts = crate::storage::resources::MessageCounts::default();
+    let mut counts = crate::storage::queues::resources::MessageCounts::default();
     let mut queue_count = 0;
     for q in &all {
         let keep = scope.queue.as_ref().is_none_or(|n| *n == q.name)
@@ -149,8 +158,8 @@ pub async fn queues_list(
 ) -> Result<HttpResponse, ApiError> {
     let limit = int(&query, "limit", 100).clamp(1, 1000) as usize;
     let offset = int(&query, "offset", 0) as usize;
-    let mut conn = state.pool.acquire().await?;
-    let all = queues::all(&mut conn).await?;
+    let mut conn = state.admin_pool.acquire().await?;
+    let all = catalog::all(&mut conn).await?;
     let tallies = status::tallies(&mut conn, None).await?;
     let dead = status::dead_letters_by_queue(&mut conn).await?;
     let total = all.len();
@@ -184,8 +193,8 @@ pub async fn queue_detail(
     name: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let mut conn = state.pool.acquire().await?;
-    let queue = queues::find(&mut conn, &name)
+    let mut conn = state.admin_pool.acquire().await?;
+    let queue = catalog::find(&mut conn, &name)
         .await?
         .ok_or_else(|| ApiError::NotFound("Queue not found".into()))?;
     let (partitions, counts) = status::tallies(&mut conn, Some(queue.id))
@@ -224,7 +233,7 @@ pub async fn queue_messages(
         from: DateTime::<Utc>::UNIX_EPOCH,
         to: Utc::now() + Duration::minutes(1),
     };
-    let mut conn = state.pool.acquire().await?;
+    let mut conn = state.admin_pool.acquire().await?;
     let page = messages::list(&mut conn, &filter, None, offset, limit).await?;
     let listed: Vec<Value> = page
         .messages
@@ -307,7 +316,7 @@ pub async fn named(
             })
         }
         "queue-lag" => {
-            let mut conn = state.pool.acquire().await?;
+            let mut conn = state.admin_pool.acquire().await?;
             let lag: Vec<Value> = groups::list(&mut conn)
                 .await?
                 .into_iter()
@@ -325,7 +334,7 @@ pub async fn named(
         }
         "queue-ops" => {
             let (from, to, interval) = window(&query, 1, Interval::Minute)?;
-            let mut conn = state.pool.acquire().await?;
+            let mut conn = state.admin_pool.acquire().await?;
             let rows = status::written(&mut conn, &scope(&query), from, to, interval, true)
                 .await?
                 .ok_or_else(too_many_buckets)?;
@@ -342,8 +351,8 @@ pub async fn named(
         // and park nothing.
         "queue-parked-replicas" => json!({"timestamp": now, "replicas": []}),
         "retention" => {
-            let mut conn = state.pool.acquire().await?;
-            let list: Vec<Value> = queues::all(&mut conn)
+            let mut conn = state.admin_pool.acquire().await?;
+            let list: Vec<Value> = catalog::all(&mut conn)
                 .await?
                 .into_iter()
                 .map(|q| {
@@ -359,7 +368,7 @@ pub async fn named(
             json!({"timestamp": now, "queues": list})
         }
         "postgres-stats" => {
-            let mut conn = state.pool.acquire().await?;
+            let mut conn = state.admin_pool.acquire().await?;
             let s = status::postgres(&mut conn).await?;
             let ratio = if s.blocks_hit + s.blocks_read > 0 {
                 s.blocks_hit as f64 / (s.blocks_hit + s.blocks_read) as f64

@@ -9,19 +9,20 @@ use std::collections::HashMap;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::{json, Map, Value};
-use uuid::Uuid;
 
 use crate::http::body::{parse_json, read_body};
 use crate::http::error::ApiError;
 use crate::protocol::time::iso_millis;
 use crate::protocol::Name;
 use crate::state::AppState;
-use crate::storage::traces::{self, NewTrace, Trace};
+use crate::storage::observe::traces::{self, NewTrace, Trace};
+use crate::storage::push::partitions;
 
 /// A validated trace request.
 #[derive(Debug, Clone, PartialEq)]
 struct TraceRequest {
-    partition: Option<Uuid>,
+    /// `partitionId` as sent: the partition's UUID or its 64-bit id in decimal.
+    partition: String,
     transaction_id: String,
     consumer_group: String,
     event_type: String,
@@ -70,8 +71,8 @@ fn parse_trace(body: &Value) -> Result<TraceRequest, ApiError> {
             .map_err(|too_long| ApiError::BadRequest(format!("traceNames {too_long}")))?;
     }
     Ok(TraceRequest {
-        // Not a UUID: no partition has that id, so the message is not found.
-        partition: Uuid::parse_str(&partition).ok(),
+        // Neither form: no partition has that id, so the message is not found.
+        partition,
         transaction_id,
         consumer_group: text(body, "consumerGroup")?
             .unwrap_or_else(|| "__QUEUE_MODE__".to_string()),
@@ -92,10 +93,10 @@ pub async fn record(
     let trace = parse_trace(&parse_json(&bytes)?)?;
     let not_found =
         || HttpResponse::NotFound().json(json!({"success": false, "error": "Message not found"}));
-    let Some(partition) = trace.partition else {
+    let mut conn = state.pool.acquire().await?;
+    let Some(partition) = partitions::uuid_of_text(&mut conn, &trace.partition).await? else {
         return Ok(not_found());
     };
-    let mut conn = state.pool.acquire().await?;
     let recorded = traces::record(
         &mut conn,
         &NewTrace {
@@ -139,12 +140,10 @@ pub async fn of_message(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let (partition, transaction_id) = path.into_inner();
-    let list = match Uuid::parse_str(&partition) {
-        Ok(partition) => {
-            let mut conn = state.pool.acquire().await?;
-            traces::of_message(&mut conn, partition, &transaction_id).await?
-        }
-        Err(_) => Vec::new(),
+    let mut conn = state.pool.acquire().await?;
+    let list = match partitions::uuid_of_text(&mut conn, &partition).await? {
+        Some(partition) => traces::of_message(&mut conn, partition, &transaction_id).await?,
+        None => Vec::new(),
     };
     let views: Vec<Value> = list.iter().map(view).collect();
     Ok(HttpResponse::Ok().json(json!({"traces": views, "count": views.len()})))
@@ -234,7 +233,7 @@ mod tests {
         let r = parse_trace(&json!({"transactionId": "t", "partitionId": "not-a-uuid",
             "data": {"a": 1}, "traceNames": "flow", "consumerGroup": null}))
         .unwrap();
-        assert_eq!(r.partition, None);
+        assert_eq!(r.partition, "not-a-uuid");
         assert_eq!(
             (r.consumer_group.as_str(), r.event_type.as_str()),
             ("__QUEUE_MODE__", "info")

@@ -35,6 +35,8 @@ pub struct PrivateCluster {
     pub port: u16,
     bin_dir: PathBuf,
     as_postgres: bool,
+    /// Certificate and key files served with `ssl=on` ([`PrivateCluster::with_tls`]).
+    tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// Finds the directory holding `initdb` and `pg_ctl`.
@@ -85,7 +87,39 @@ impl PrivateCluster {
             port,
             bin_dir,
             as_postgres: running_as_root(),
+            tls: None,
         })
+    }
+
+    /// Serves TLS (`ssl=on`) with this PEM certificate and key: [`PrivateCluster::start`]
+    /// copies them into the data folder as `server.crt` and `server.key` (owner-only, as
+    /// PostgreSQL requires) each time it starts the server. Plain connections stay allowed
+    /// (initdb's `pg_hba.conf`), so a client's `sslmode` decides.
+    pub fn with_tls(mut self, cert: &Path, key: &Path) -> Self {
+        self.tls = Some((cert.to_path_buf(), key.to_path_buf()));
+        self
+    }
+
+    /// Copies the certificate and key of [`PrivateCluster::with_tls`] into the data folder.
+    fn install_tls(&self, cert: &Path, key: &Path) -> Result<(), ClusterError> {
+        use std::os::unix::fs::PermissionsExt;
+        let io = |e: std::io::Error| ClusterError::Command {
+            command: "install server.crt and server.key".into(),
+            detail: e.to_string(),
+        };
+        let (crt, pem) = (
+            self.data_dir.join("server.crt"),
+            self.data_dir.join("server.key"),
+        );
+        std::fs::copy(cert, &crt).map_err(io)?;
+        std::fs::copy(key, &pem).map_err(io)?;
+        std::fs::set_permissions(&pem, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+        if self.as_postgres {
+            let mut c = Command::new("chown");
+            c.arg("postgres:postgres").arg(&crt).arg(&pem);
+            self.run(c)?;
+        }
+        Ok(())
     }
 
     fn command(&self, tool: &str) -> Command {
@@ -228,6 +262,10 @@ impl PrivateCluster {
         );
         if !durable {
             opts.push_str(" -c fsync=off -c synchronous_commit=off -c full_page_writes=off");
+        }
+        if let Some((cert, key)) = &self.tls {
+            self.install_tls(cert, key)?;
+            opts.push_str(" -c ssl=on");
         }
         let mut c = self.command("pg_ctl");
         c.arg("start")

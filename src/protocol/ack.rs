@@ -11,8 +11,9 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::protocol::{params, ProtocolError};
-use crate::storage::acks::{Ack, AckOutcome, AckStatus};
+use crate::storage::consume::acks::{Ack, AckOutcome, AckStatus};
 use crate::storage::consume::QUEUE_MODE;
+use crate::storage::push::partitions;
 
 /// Parses a JSON request body; an empty one is `{}` when `empty_ok`, else a 400.
 ///
@@ -98,8 +99,18 @@ impl AckFields<'_> {
         let partition = self
             .partition_id
             .ok_or_else(|| ProtocolError(missing_partition.into()))?;
-        let partition = Uuid::parse_str(partition)
-            .map_err(|_| ProtocolError(format!("partitionId must be a UUID, got {partition:?}")))?;
+        // The partition's UUID, or its 64-bit id as decimal text (what a framed pop gives).
+        let (partition, partition_number) = match Uuid::parse_str(partition) {
+            Ok(uuid) => (uuid, None),
+            Err(_) => match partitions::id_of_text(partition) {
+                Some(id) => (Uuid::nil(), Some(id)),
+                None => {
+                    return Err(ProtocolError(format!(
+                        "partitionId must be a UUID or a partition's 64-bit id in decimal, got {partition:?}"
+                    )))
+                }
+            },
+        };
         let status = match &self.status {
             Loose::Absent => AckStatus::Completed,
             Loose::Str(s) => AckStatus::parse(Some(s)),
@@ -108,6 +119,7 @@ impl AckFields<'_> {
         Ok(Ack {
             index,
             partition,
+            partition_number,
             transaction_id,
             status,
             group,
@@ -373,7 +385,8 @@ impl<'a> WireAck<'a> {
     }
 }
 
-/// One ack result on the wire (§5): every field always present, `null` when empty.
+/// One ack result on the wire (§5): every field always present, `null` when empty, except
+/// `noop`, written only when true (2.x, §2.5: an ack below the committed offset).
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WireOutcome<'o> {
@@ -385,6 +398,13 @@ pub struct WireOutcome<'o> {
     partition_name: Option<&'o str>,
     lease_released: bool,
     dlq: bool,
+    #[serde(skip_serializing_if = "is_false")]
+    noop: bool,
+}
+
+/// Whether `b` is false (serde's `skip_serializing_if` takes a reference).
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl<'o> From<&'o AckOutcome> for WireOutcome<'o> {
@@ -398,6 +418,7 @@ impl<'o> From<&'o AckOutcome> for WireOutcome<'o> {
             partition_name: o.partition_name.as_deref(),
             lease_released: o.lease_released,
             dlq: o.dlq,
+            noop: o.noop,
         }
     }
 }
@@ -407,13 +428,23 @@ impl<'o> From<&'o AckOutcome> for WireOutcome<'o> {
 /// last): the same JSON as [`WireOutcome`]s of those outcomes, written from the acks without
 /// building them.
 pub fn completed_answer(acks: &[Ack], queue: &str, partition: &str, released: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16 + acks.len() * (150 + queue.len() + partition.len()));
-    out.push(b'[');
     let last = acks.len().saturating_sub(1);
+    completed_answer_by(acks, |n| (queue, partition, released && n == last))
+}
+
+/// [`completed_answer`] for acks on several partitions of one lease: `at(n)` names the queue
+/// and partition of the `n`-th ack and whether the lease of its partition ended with it.
+pub fn completed_answer_by<'q>(
+    acks: &[Ack],
+    at: impl Fn(usize) -> (&'q str, &'q str, bool),
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + acks.len() * 200);
+    out.push(b'[');
     for (n, a) in acks.iter().enumerate() {
         if n > 0 {
             out.push(b',');
         }
+        let (queue, partition, released) = at(n);
         let outcome = WireOutcome {
             index: a.index,
             transaction_id: &a.transaction_id,
@@ -421,8 +452,9 @@ pub fn completed_answer(acks: &[Ack], queue: &str, partition: &str, released: bo
             error: None,
             queue_name: Some(queue),
             partition_name: Some(partition),
-            lease_released: released && n == last,
+            lease_released: released,
             dlq: false,
+            noop: false,
         };
         serde_json::to_writer(&mut out, &outcome).expect("an ack result serialises into a Vec");
     }
@@ -438,6 +470,7 @@ mod tests {
         Ack {
             index,
             partition: Uuid::nil(),
+            partition_number: None,
             transaction_id: txn.to_string(),
             status: AckStatus::Completed,
             group: QUEUE_MODE.to_string(),
@@ -463,6 +496,7 @@ mod tests {
                     partition_name: Some("Default".to_string()),
                     lease_released: released && a.index == 2,
                     dlq: false,
+                    noop: false,
                 })
                 .collect();
             let wire: Vec<WireOutcome> = outcomes.iter().map(WireOutcome::from).collect();

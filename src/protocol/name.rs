@@ -1,7 +1,7 @@
 //! The one name rule: a queue, partition, consumer group, transactionId, traceId or token `sub`
 //! holds at most [`MAX_NAME_CHARS`] characters (characters, not bytes) and no NUL character
 //! (U+0000, which PostgreSQL's text type cannot hold: a name with one would be refused by every
-//! statement that stores it). The frame format in `storage::frames` relies on the length for its
+//! statement that stores it). The frame format in `storage::segments::frames` relies on the length for its
 //! field widths.
 
 use std::fmt;

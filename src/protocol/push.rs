@@ -50,6 +50,9 @@ pub struct ParsedItem {
     pub payload: String,
     /// The producer's key, if given (empty and `null` count as absent).
     pub transaction_id: Option<String>,
+    /// The id the producer minted: only a binary push with frames carries one (reference 2.x
+    /// §2.9.2, `protocol::push_binary`); `None` means the broker mints it on arrival.
+    pub message_id: Option<Uuid>,
 }
 
 /// Reads an optional string field; `null` counts as absent.
@@ -137,13 +140,15 @@ pub fn parse_push_body(bytes: &[u8]) -> Result<Vec<ParsedItem>, ProtocolError> {
         let payload = item
             .payload
             .ok_or_else(|| ProtocolError(format!("item {index}: payload is required")))?
-            .get()
-            .to_string();
+            .get();
+        crate::protocol::depth::check(payload, &format!("item {index}: payload"))?;
+        let payload = payload.to_string();
         parsed.push(ParsedItem {
             queue,
             partition,
             payload,
             transaction_id,
+            message_id: None,
         });
     }
     Ok(parsed)
@@ -169,7 +174,42 @@ pub struct PushResult {
     pub error: Option<String>,
 }
 
-/// Turns validated items into write-path items, minting ids; `producer_sub` is stamped on all.
+/// The answer of a push that asked for counts (`QPB1` flag 2, reference 2.x §2.9.4).
+#[derive(Debug, Serialize, Deserialize, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PushCounts {
+    /// Items in the request.
+    pub count: usize,
+    /// Items stored.
+    pub queued: usize,
+    /// Items whose transactionId was already stored (nothing written).
+    pub duplicate: usize,
+    /// Items spooled to disk, replayed once PostgreSQL answers (not an error, not stored yet).
+    pub buffered: usize,
+    /// Items neither stored nor spooled (`failed`): the producer must send them again.
+    pub error: usize,
+}
+
+impl PushCounts {
+    /// Counts the statuses of `results`.
+    pub fn of(results: &[PushResult]) -> Self {
+        let mut counts = Self {
+            count: results.len(),
+            ..Self::default()
+        };
+        for r in results {
+            match r.status.as_str() {
+                "queued" => counts.queued += 1,
+                "duplicate" => counts.duplicate += 1,
+                "buffered" => counts.buffered += 1,
+                _ => counts.error += 1,
+            }
+        }
+        counts
+    }
+}
+
+/// Turns validated items into write-path items, minting ids (keeping one the producer minted);
+/// `producer_sub` is stamped on all.
 /// The payloads move into the items (the parsed items keep their names, with empty payloads),
 /// so a body's payload bytes are held once, not twice.
 pub fn mint(parsed: &mut [ParsedItem], producer_sub: Option<&str>) -> Vec<Item> {
@@ -177,7 +217,7 @@ pub fn mint(parsed: &mut [ParsedItem], producer_sub: Option<&str>) -> Vec<Item> 
     parsed
         .iter_mut()
         .map(|p| {
-            let message_id = Uuid::now_v7();
+            let message_id = p.message_id.unwrap_or_else(Uuid::now_v7);
             Item {
                 message_id,
                 transaction_id: p

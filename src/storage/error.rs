@@ -1,13 +1,14 @@
 //! [`StorageError`], the one error type of `src/storage`, and the one answer to "is PostgreSQL
 //! away?" ([`StorageError::is_unreachable`]) that every caller uses: the commit path
-//! (`storage::commit::classify`, so the partition actors spool), the spool replay (through the
+//! (`storage::push::commit::classify`, so the partition actors spool), the spool replay (through the
 //! same store), the HTTP edge (503 versus 500), the transaction route (retry versus roll back
 //! and report), start-up migrations (serve and migrate later versus refuse to start) and the
 //! maintenance-flag poller (keep the last flags quietly versus warn).
 //!
 //! What counts as unreachable, i.e. "retry later, nothing was decided":
 //! - the connection could not be made or broke: `Io` (refused, reset, EOF), `Tls`,
-//!   `WorkerCrashed`;
+//!   `WorkerCrashed`, and the protocol error sqlx reports when the socket closes before the
+//!   answer to its SSLRequest (TLS is compiled in, so every connection starts with one);
 //! - the pool could not hand out a connection in time or is closed: `PoolTimedOut`,
 //!   `PoolClosed`;
 //! - SQLSTATE class 08 (connection exception, e.g. 08006 connection failure, 08001 cannot
@@ -21,17 +22,21 @@
 //! - SQLSTATE 25006 (read_only_sql_transaction): the host no longer accepts writes (a primary
 //!   made read-only or demoted, or a standby) — a switchover in progress, not anything wrong
 //!   with the data: the pushes are spooled and replayed on the new primary, never quarantined
-//!   (`storage::hosts` looks for the host that accepts writes).
+//!   (`storage::cluster::hosts` looks for the host that accepts writes).
 //!
 //! Everything else (a constraint, a lock timeout 55P03, serialization 40001, deadlock 40P01,
 //! a corrupt stored segment, a payload that is not JSON) is "this operation failed": the HTTP
 //! edge answers 500, the transaction route rolls back and reports it, a commit fails its items.
 //! (A committer that cannot open its own connection at all, or whose commit outlives
-//! `commit_timeout`, also counts as unreachable: see `storage::commit::PgStore`.)
+//! `commit_timeout`, also counts as unreachable: see `storage::push::commit::PgStore`.)
 //!
 //! `tests/storage_errors.rs` checks this against real errors from a real PostgreSQL.
 
-use crate::storage::frames::FrameError;
+/// A `frames` value that cannot be decoded (`storage::segments::frames`; it lives here so
+/// that the errors import nothing of the storage groups above them).
+#[derive(Debug, thiserror::Error)]
+#[error("corrupt segment frames: {0}")]
+pub struct FrameError(pub(crate) &'static str);
 
 /// Why a storage operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +110,9 @@ impl From<sqlx::migrate::MigrateError> for StorageError {
     }
 }
 
+/// What sqlx says when the answer to its SSLRequest is not `S` or `N` (an EOF reads as 0x00).
+const SSL_REQUEST_CUT: &str = "unexpected response from SSLRequest";
+
 fn sqlx_unreachable(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_)
@@ -112,6 +120,10 @@ fn sqlx_unreachable(e: &sqlx::Error) -> bool {
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => true,
+        // With TLS compiled in, sqlx opens every connection (sslmode prefer, the default) with
+        // an SSLRequest; a peer that closes the socket at once (a server going down, a proxy
+        // with no backend) reads as a zero byte there, reported as a protocol error.
+        sqlx::Error::Protocol(msg) => msg.contains(SSL_REQUEST_CUT),
         sqlx::Error::Database(db) => db
             .code()
             .is_some_and(|c| c.starts_with("08") || c.starts_with("57") || c == "25006"),

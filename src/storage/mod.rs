@@ -1,55 +1,42 @@
-//! All of the broker's SQL: one file per table group, plus the commit transaction.
+//! All of the broker's SQL, grouped by concept, one folder or file per group of tables:
 //!
-//! - [`partitions`]: queues and partitions, created on first use.
-//! - [`crypto`]: sealing and opening payloads of encrypted queues (no SQL).
-//! - [`frames`]: how a segment's messages are encoded in its `frames` column.
-//! - [`dedup`]: the dedup sidecar (probe, originals, expiry sweep).
-//! - [`commit`]: the transaction that writes many partitions' segments at once.
-//! - [`system`]: flags shared by every broker (maintenance modes).
-//! - [`queues`]: queue options (`/configure`), listing and deleting queues.
-//! - [`retention`]: removing whole segments by age.
-//! - [`resources`]: per-partition facts and message counts for the resource routes.
-//! - [`messages`]: reading messages back for operators.
-//! - [`progress`]: what consumer state says about stored messages (statuses, counts).
-//! - [`consume`]: the pop (find, claim under a lease, read by offset range).
-//! - [`leases`]: extending leases, checking that leases are live.
-//! - [`acks`]: acks as offset commits, retries, dead-lettering.
-//! - [`dlq`]: the dead-letter table.
-//! - [`groups`]: consumer groups (listing, lag, deletion, subscription, seeks).
-//! - [`traces`]: message traces (record, read by message and by name).
-//! - [`status`]: what the dashboard's status and analytics routes read.
-//! - [`transaction`]: `POST /api/v1/transaction`'s pushes and acks in one transaction.
+//! - [`push`]: producing — the commit transaction that writes many partitions' segments at once,
+//!   the dedup sidecar, queues and partitions created on first use.
+//! - [`segments`]: segments as stored and read — the frame encoding, the segment cache, payload
+//!   encryption at rest.
+//! - [`consume`]: the pop (find, claim under a lease, read by offset range), then by step:
+//!   claims ahead and hand-offs, grouped claims and acks, leases, acks as offset commits and
+//!   dead letters; the
+//!   2.x extensions (autopilot, conflation, `leaseSeconds`).
+//! - [`queues`]: queues and what operators read and change about them (options,
+//!   consumer groups, resources, retention, messages, reads without a lease,
+//!   ephemeral declarations, undecryptable stops, consumer progress).
+//! - [`kv`]: the key/value store, locks and semaphores as KV rows, the expiry sweeper.
+//! - [`timers`]: timers (schedule, cancel, peek, list) and the task that fires them.
+//! - [`streams`]: the streams runtime: registered queries, state rows, the atomic cycle.
+//! - [`cluster`]: what every broker on the database shares — multi-host URLs and the primary
+//!   through a switchover, system flags (maintenance modes).
+//! - [`observe`]: the dashboard's status and analytics reads, message traces.
+//! - [`kafka`]: what the Kafka front door stores beyond queues: partition counts, producer
+//!   ids, group offsets as cursors, offsets by time.
+//! - [`transaction`]: `POST /api/v1/transaction` — pushes, acks and the KV and timer riders in
+//!   one PostgreSQL transaction (it composes the groups above, so it sits beside them).
 //! - [`error`]: whether a database error means PostgreSQL is away.
-//! - [`hosts`]: multi-host URLs and following the primary through a switchover.
+//!
+//! A group names another group's items by their full path (`crate::storage::push::commit`);
+//! the imports between groups point one way (`scripts/check-layers` checks it).
 
-pub mod ack_group;
-pub mod acks;
-pub mod ahead;
-pub mod cache;
-pub mod claim_group;
-pub mod commit;
-pub mod conns;
+pub mod cluster;
 pub mod consume;
-pub mod crypto;
-pub mod dedup;
-pub mod dlq;
 pub mod error;
-pub mod frames;
-pub mod grouping;
-pub mod groups;
-pub mod handoff;
-pub mod hosts;
-pub mod lease_txns;
-pub mod leases;
-pub mod messages;
-pub mod partitions;
-pub mod progress;
+pub mod kafka;
+pub mod kv;
+pub mod observe;
+pub mod push;
 pub mod queues;
-pub mod resources;
-pub mod retention;
-pub mod status;
-pub mod system;
-pub mod traces;
+pub mod segments;
+pub mod streams;
+pub mod timers;
 pub mod transaction;
 
 use std::time::Duration;
@@ -59,7 +46,7 @@ use std::sync::Arc;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
-use crate::storage::hosts::Primary;
+use crate::storage::cluster::hosts::Primary;
 
 use crate::settings::Settings;
 pub use crate::storage::error::StorageError;
@@ -85,7 +72,7 @@ pub async fn migrate(pool: &PgPool) -> Result<(), StorageError> {
 ///
 /// When the URL does not parse.
 pub fn primary(url: &str, settings: &Settings) -> Result<Arc<Primary>, StorageError> {
-    let split = hosts::split_url(url)?;
+    let split = cluster::hosts::split_url(url)?;
     let options = connect_options(url, settings)?;
     Ok(Arc::new(Primary::new(
         &split,
@@ -95,13 +82,13 @@ pub fn primary(url: &str, settings: &Settings) -> Result<Arc<Primary>, StorageEr
 }
 
 /// Connection options for `url` with the session timeouts from `settings`; for a multi-host
-/// URL ([`hosts::split_url`]), the options of its first host.
+/// URL ([`cluster::hosts::split_url`]), the options of its first host.
 ///
 /// # Errors
 ///
 /// When the URL does not parse.
 pub fn connect_options(url: &str, settings: &Settings) -> Result<PgConnectOptions, StorageError> {
-    let options: PgConnectOptions = hosts::split_url(url)?.first.parse()?;
+    let options: PgConnectOptions = cluster::hosts::split_url(url)?.first.parse()?;
     Ok(options.application_name("queen-broker").options([
         (
             "statement_timeout",
@@ -128,9 +115,9 @@ pub fn lease_pool(primary: &Arc<Primary>, settings: &Settings) -> PgPool {
     async_commit_pool(primary, settings, settings.db_pool_size)
 }
 
-/// The pool of the grouped hand-off claims ([`claim_group`]): a connection per worker (each
-/// keeps its own, [`conns::KeptConn`]) and one for releasing the leases claimed ahead that no
-/// pop took ([`ahead`]), with asynchronous commit like the lease pool's, but apart from it
+/// The pool of the grouped hand-off claims ([`consume::claim_group`]): a connection per worker (each
+/// keeps its own, [`consume::conns::KeptConn`]) and one for releasing the leases claimed ahead that no
+/// pop took ([`consume::ahead`]), with asynchronous commit like the lease pool's, but apart from it
 /// (a pop that runs a statement holds a lease-pool connection while it waits), and generic
 /// plans (see [`ack_pool`]).
 pub fn claim_pool(primary: &Arc<Primary>, settings: &Settings, workers: usize) -> PgPool {
@@ -149,15 +136,15 @@ fn async_commit_pool(primary: &Arc<Primary>, settings: &Settings, size: u32) -> 
     unchecked_pool(primary, settings, size, options)
 }
 
-/// The pool of the grouped acks ([`ack_group`]): a connection per worker, which it keeps
-/// ([`conns::KeptConn`]), durable commits like the shared pool's.
+/// The pool of the grouped acks ([`consume::ack_group`]): a connection per worker, which it keeps
+/// ([`consume::conns::KeptConn`]), durable commits like the shared pool's.
 ///
 /// Both grouped pools (this one and [`claim_pool`]) run their statements with PostgreSQL's
 /// generic plan (`plan_cache_mode = force_generic_plan`). A grouped statement takes its rows
 /// from arrays (`unnest($1::int8[], …)`): with the arrays' values in hand the planner's
 /// estimate of a custom plan is always a little cheaper than the generic plan's guess of ten
 /// rows, so PostgreSQL kept planning it afresh at every execution (≈ 0.18 ms a call, more than
-/// the statement's own execution; docs/benchmarks.md, sixteenth run). The generic plan follows
+/// the statement's own execution; docs/history/benchmarks.md, sixteenth run). The generic plan follows
 /// the table's statistics: it hashes a small consumer table and probes a large one by key.
 pub fn ack_pool(primary: &Arc<Primary>, settings: &Settings, workers: usize) -> PgPool {
     let options = primary.options().options([GENERIC_PLANS]);

@@ -12,6 +12,12 @@
 //! has no key) fails the whole transaction with the refusal's text: a transaction is all or
 //! nothing, so it cannot go on without one of its pushes.
 //!
+//! Riders (reference 2.x §2.4): the `kv` ops run first, right after the `requiredLeases` check
+//! and before any push or ack, on the same transaction (`storage::kv::apply_ops`, which takes
+//! the key locks to commit); a `required` op that loses ends the transaction with nothing
+//! applied ([`Outcome::kv_failed`]). The `timers` rider follows ([`apply_timers_rider`]).
+//! Every other failure reports "transaction rolled back: ..." and applies nothing.
+//!
 //! Knows nothing about the request's JSON: the handler parses it into a [`Request`] and writes
 //! the [`Outcome`] back out.
 
@@ -22,11 +28,16 @@ use broker_actors::{Item, PartitionKey, Verdict};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::storage::acks::{self, Ack, AckMode, AckOutcome};
-use crate::storage::cache::SegmentCache;
-use crate::storage::crypto::PayloadKey;
+use crate::storage::consume::acks::{self, Ack, AckMode, AckOutcome};
 use crate::storage::error::StorageError;
-use crate::storage::{commit, leases, partitions};
+use crate::storage::kv;
+use crate::storage::segments::cache::SegmentCache;
+use crate::storage::segments::crypto::PayloadKey;
+use crate::storage::timers;
+use crate::storage::{consume::leases, push::commit, push::partitions};
+
+/// The start of every failure text: the client shows it, and it says that nothing applied.
+pub const ROLLED_BACK: &str = "transaction rolled back";
 
 /// One push item of the transaction, with where its result goes.
 pub struct PushOp {
@@ -48,6 +59,45 @@ pub struct Request {
     pub results: usize,
     /// `requiredLeases`: each must be live, else nothing happens.
     pub required_leases: Vec<String>,
+    /// The `kv` rider: its results follow the push and ack results (flat index
+    /// `results + i`).
+    pub kv: Vec<kv::Op>,
+    /// The `timers` rider, when the bundle carries one.
+    pub timers: Option<TimersRider>,
+}
+
+/// The `timers` rider of a bundle: its parsed ops, applied by [`apply_timers_rider`].
+pub struct TimersRider {
+    /// The ops, validated by the timers' one parser (`protocol::timers::parse_ops`).
+    pub ops: Vec<timers::TimerOp>,
+    /// Flat index of the first op's result.
+    pub first_index: usize,
+}
+
+/// Applies a bundle's `timers` rider on the transaction's own connection, after the KV rider
+/// and before the pushes and acks (a firing broker holds timer rows, then partition rows: the
+/// same order here cannot deadlock with it), so the timers commit (or not) with the rest of the
+/// bundle. Returns one result per op, in op order.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn apply_timers_rider(
+    conn: &mut PgConnection,
+    rider: &TimersRider,
+) -> Result<Vec<timers::TimerResult>, StorageError> {
+    if rider.ops.is_empty() {
+        return Ok(Vec::new());
+    }
+    timers::apply(conn, &rider.ops).await
+}
+
+/// A lost `required` KV precondition: nothing of the transaction applied.
+pub struct KvFailure {
+    /// Flat index of the op (push and ack results come first).
+    pub index: usize,
+    /// Its verdict (`Refused`, with the current value and version).
+    pub outcome: kv::Outcome,
 }
 
 /// What one operation did.
@@ -75,6 +125,12 @@ pub struct Outcome {
     pub error: Option<String>,
     /// Partitions that got new messages (their long-polls are to be woken).
     pub woken: Vec<PartitionKey>,
+    /// Results of the `kv` rider, in order (on success).
+    pub kv_results: Vec<kv::Outcome>,
+    /// The `required` KV op that lost, if one did (then `error` is `None` and nothing applied).
+    pub kv_failed: Option<KvFailure>,
+    /// Results of the `timers` rider, in op order (on success).
+    pub timer_results: Vec<timers::TimerResult>,
 }
 
 /// Runs `req` in one transaction. Database trouble that means "PostgreSQL is away" is an
@@ -123,8 +179,11 @@ pub async fn apply(
     results.resize_with(req.results, || None);
     let fail = |results: Vec<Option<OpResult>>, error: String| Outcome {
         results: results.into_iter().flatten().collect(),
-        error: Some(error),
+        error: Some(format!("{ROLLED_BACK}: {error}")),
         woken: Vec::new(),
+        kv_results: Vec::new(),
+        kv_failed: None,
+        timer_results: Vec::new(),
     };
 
     if !req.required_leases.is_empty() {
@@ -141,8 +200,44 @@ pub async fn apply(
         }
         let dead = leases::not_live(&mut tx, &parsed).await?;
         if let Some(lease) = dead.first() {
-            return Ok(fail(results, format!("Lease {lease} is not live")));
+            return Ok(fail(
+                results,
+                format!("Lease {lease} is not live (it expired, was released or was taken over)"),
+            ));
         }
+    }
+
+    let mut kv_results = Vec::new();
+    if !req.kv.is_empty() {
+        let batch = match kv::apply_ops(&mut tx, &req.kv).await {
+            Ok(b) => b,
+            Err(e) if !e.is_unreachable() => return Ok(fail(results, e.to_string())),
+            Err(e) => return Err(e),
+        };
+        if let Some(i) = batch.failed {
+            // Dropping `tx` rolls back.
+            return Ok(Outcome {
+                results: Vec::new(),
+                error: None,
+                woken: Vec::new(),
+                kv_results: Vec::new(),
+                kv_failed: Some(KvFailure {
+                    index: req.results + i,
+                    outcome: batch.results[i].clone(),
+                }),
+                timer_results: Vec::new(),
+            });
+        }
+        kv_results = batch.results;
+    }
+
+    let mut timer_results = Vec::new();
+    if let Some(rider) = &req.timers {
+        timer_results = match apply_timers_rider(&mut tx, rider).await {
+            Ok(r) => r,
+            Err(e) if !e.is_unreachable() => return Ok(fail(results, e.to_string())),
+            Err(e) => return Err(e),
+        };
     }
 
     let mut woken = Vec::new();
@@ -212,6 +307,9 @@ pub async fn apply(
             results: results.into_iter().flatten().collect(),
             error: None,
             woken,
+            kv_results,
+            timer_results,
+            kv_failed: None,
         }),
         Err(e) if !e.is_unreachable() => Ok(fail(Vec::new(), e.to_string())),
         Err(e) => Err(e),

@@ -119,6 +119,8 @@ before(async () => {
       FILE_BUFFER_DIR: join(work, "spool"),
       JWT_ENABLED: "true",
       JWT_SECRET: SECRET,
+      // Samples twice a second, so the charts fill within the test (10 s in production).
+      QUEEN_HISTORY_INTERVAL_MS: "500",
       LOG_LEVEL: "warn",
     },
     stdio: ["ignore", "pipe", "pipe"],
@@ -193,6 +195,55 @@ test("the lag goes down after pops and acks", async () => {
   await ack("web-billing", await pop("web-orders", "web-billing", 3));
   await waitText(backlog, (t) => t === "1", "backlog after four acks");
   await shot("overview");
+});
+
+/** The `data-points` of a chart once it has at least `n` points with data. */
+async function chartPoints(selector, n, what) {
+  const deadline = Date.now() + WAIT;
+  let last = null;
+  while (Date.now() < deadline) {
+    last = await page.locator(selector).first().getAttribute("data-points", { timeout: 1000 }).catch(() => null);
+    if (Number(last) >= n) return Number(last);
+    await page.waitForTimeout(100);
+  }
+  assert.fail(`${what}: ${selector} has ${last} points`);
+}
+
+test("charts draw the broker's last hour, and the tiles show real values", async () => {
+  await page.goto(`${base}/?refresh=1`);
+  await waitText("h1", (t) => t === "Overview", "the overview");
+  // Traffic spread over a few samples: pushes to several partitions, a group that lags.
+  for (let i = 0; i < 3; i++) {
+    await push("web-charts", [1, 2, 3, 4].map((n) => ({ n, i })), `c${i}`);
+    await ack("web-charts-reader", await pop("web-charts", "web-charts-reader", 2));
+    await chartPoints("#chart-rates", 2 * (i + 2), "the rates chart grows with the samples");
+  }
+  for (const id of ["#chart-rates", "#chart-backlog", "#chart-age", "#chart-commit", "#chart-spool"]) {
+    assert.ok(await page.locator(`${id} svg .series`).count() >= 1, `${id} draws a line`);
+  }
+  // The backlog chart's lines are the real backlogs: web-billing left 1 message on web-orders,
+  // web-charts-reader took 6 of 12.
+  const legend = (id) => page.locator(`${id} .legend`).textContent();
+  await waitText("#chart-backlog .legend", (t) => t.includes("web-orders · web-billing 1"), "web-billing's backlog");
+  await waitText("#chart-backlog .legend", (t) => t.includes("web-charts · web-charts-reader 6"), "the reader's backlog");
+  assert.match(await legend("#chart-rates"), /pushed/);
+  assert.match(await legend("#chart-commit"), /p99 \d+(\.\d)? ms/);
+  const label = await page.locator("#chart-rates svg").getAttribute("aria-label");
+  assert.match(label, /^Messages per second, \d\d:\d\d–\d\d:\d\d UTC; latest pushed: /);
+  // The pool tile names every pool with connections in use and their size.
+  await waitText("#card-database dd", (t) => /in use: shared \d+\/\d+ · lease \d+\/\d+ · claims \d+\/\d+ · acks \d+\/\d+/.test(t), "the pool tile");
+  for (const card of await page.locator(".cards .card dd").allTextContents()) {
+    assert.doesNotMatch(card, /^—|undefined|NaN/, `a tile without a value: ${card}`);
+  }
+  await shot("overview-charts");
+
+  await page.goto(`${base}/#/queues/web-charts`);
+  await waitText("h1", (t) => t === "Queue web-charts", "queue page");
+  await chartPoints("#queue-chart-backlog", 2, "the queue's backlog chart");
+  await waitText("#queue-chart-backlog .legend", (t) => t.includes("web-charts-reader 6"), "the queue's group backlog");
+  assert.ok(await page.locator("#queue-chart-age svg .series").count() >= 1, "the age chart draws a line");
+  assert.doesNotMatch(await page.locator("#queue-chart-backlog .legend").textContent(), /web-orders|web-billing/, "only this queue's groups");
+  await shot("queue-charts");
 });
 
 test("a queue shows its options, partitions, groups and messages with payloads", async () => {
@@ -290,6 +341,33 @@ test("maintenance toggles, and the spool count shows buffered pushes", async () 
   assert.equal(res.status, 204, "pops answer empty in pop maintenance");
   await page.click("#toggle-pop-maintenance");
   await waitText("#maintenance-state", (t) => t === "off", "pop maintenance off");
+});
+
+test("KV namespaces, locks, timers, stream queries and ephemeral queues are listed", async () => {
+  await api("POST", "/api/v1/kv", { operations: [
+    { op: "put", ns: "web-carts", key: "c1", value: { items: 2 }, ttlSeconds: 30 },
+    { op: "put", ns: "web-carts", key: "c2", value: 1, forever: true },
+  ] });
+  const lock = await api("POST", "/api/v1/locks", { operations: [{ op: "acquire", name: "web-nightly", ttlSeconds: 600, owner: "web-worker" }] });
+  await api("POST", "/api/v1/timers", { operations: [
+    { op: "schedule", queue: "web-reminders", timerKey: "r1", payload: Buffer.from('{"n":1}').toString("base64"), delayMs: 3_600_000 },
+  ] });
+  await api("POST", "/streams/v1/queries", { name: "web-totals", source_queue: "web-orders", config_hash: "h" });
+  await api("POST", "/api/v1/ephemeral/push", { queue: "web-live", messages: [{ payload: { n: 1 } }, { payload: { n: 2 } }] });
+  await page.goto(`${base}/#/state`);
+  await waitText("h1", (t) => t === "KV, locks, timers, streams and ephemeral queues", "the state page");
+  const cells = (sel) => page.locator(`${sel} td`).allTextContents();
+  assert.deepEqual((await cells('tr[data-namespace="web-carts"]')).slice(0, 4), ["2", "16 B", "1", "1"]);
+  const held = await cells('tr[data-lock="web-nightly"]');
+  assert.deepEqual(held.slice(0, 3), ["0", "web-worker", String(lock.results[0].token)]);
+  assert.deepEqual((await cells('tr[data-timers="web-reminders"]')).filter((_, i) => i !== 1), ["1", "on time", "0"]);
+  const query = await cells('tr[data-query="web-totals"]');
+  assert.deepEqual([query[0], query[2], query[6], query[7]], ["web-orders", "0", "0", "no cycle yet"]);
+  const live = await cells('tr[data-ephemeral="web-live"]');
+  assert.deepEqual([live[0], live[2], live[3], live[4]], ["2", "1", "2", "0"]);
+  assert.match(await page.locator("#ephemeral-memory").textContent(), /^Memory: \d+ B of 256\.0 MB/);
+  assert.doesNotMatch(await page.locator("main").textContent(), /null|undefined/);
+  await shot("state");
 });
 
 test("a read-only token sees the data but no toggles or actions", async () => {

@@ -1,26 +1,33 @@
 #!/usr/bin/env bash
 # Runs Queen's official Python client (queen-mq) against the release broker, once per pinned
-# version (requirements.txt: 1.3.0; requirements-0.15.txt: 0.15.0): makes a virtual environment
-# per version, installs the client, starts the broker on a free port against DATABASE_URL (or a
-# private PostgreSQL cluster in a temp dir when unset) with a fresh QUEEN_ENCRYPTION_KEY, runs
-# compat.py with each client, and exits non-zero when a flow fails. QUEEN_COMPAT_STRICT=1 also
-# fails on flows skipped because the broker lacks a route they need.
+# version (requirements.txt: 1.3.0; requirements-0.15.txt: 0.15.0; requirements-2.6.txt: 2.6.0):
+# makes a virtual environment per version, installs the client, starts the broker on a free port
+# against DATABASE_URL (or a private PostgreSQL cluster in a temp dir when unset) with a fresh
+# QUEEN_ENCRYPTION_KEY, runs compat.py with the 1.x and 0.15 clients and compat26.py (the 2.x
+# surfaces: KV, locks, timers, riders, ack window, reads, default consume) with the 2.6 client,
+# and exits non-zero when a flow fails. QUEEN_COMPAT_STRICT=1 also fails on flows skipped because
+# the broker lacks a route they need. streams26.py runs the 2.6 client's Stream runtime
+# (docs/streams.md). Then tls.sh: the 2.6.0 client over HTTPS, same database; then kafka.sh:
+# kcat, confluent-kafka and kafka-python on the Kafka listener (docs/kafka.md), same database.
+# The 2.6 client's own test suite is tests/compat/suite26.sh.
 #
 #   bash tests/compat/run.sh                 # from the repository root, nothing else needed
 #   DATABASE_URL=postgres://... bash tests/compat/run.sh
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source=tests/support/private-pg.sh
+source "$root/tests/support/private-pg.sh"
 target=${CARGO_TARGET_DIR:-$root/target}
 python=${PYTHON:-python3}
 requirements=("$root/tests/compat/requirements.txt" "$root/tests/compat/requirements-0.15.txt")
+requirements_2x="$root/tests/compat/requirements-2.6.txt"
 
 tmp=$(mktemp -d -t queen-compat-XXXXXX)
 broker_pid=""
-pg_ctl_cmd=()
 cleanup() {
     if [ -n "$broker_pid" ]; then kill "$broker_pid" 2>/dev/null || true; wait "$broker_pid" 2>/dev/null || true; fi
-    if [ ${#pg_ctl_cmd[@]} -gt 0 ]; then "${pg_ctl_cmd[@]}" -D "$tmp/pg" -m immediate stop >/dev/null 2>&1 || true; fi
+    stop_private_pg
     rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -37,28 +44,14 @@ for req in "${requirements[@]}"; do
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"
     venvs+=("$venv")
 done
+pinned=$(grep -o 'queen-mq==[0-9.]*' "$requirements_2x")
+venv_2x=$target/compat-venv-${pinned#queen-mq==}
+echo "compat: installing $pinned into $venv_2x"
+[ -x "$venv_2x/bin/python" ] || "$python" -m venv "$venv_2x"
+"$venv_2x/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements_2x"
 venv=${venvs[0]}
 
-free_port() { "$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-
-if [ -z "${DATABASE_URL:-}" ]; then
-    pg_ctl_path=$(command -v pg_ctl || ls -d /usr/lib/postgresql/*/bin/pg_ctl 2>/dev/null | sort -V | tail -n 1 || true)
-    [ -n "$pg_ctl_path" ] || { echo "compat: no pg_ctl found; install PostgreSQL or set DATABASE_URL" >&2; exit 2; }
-    pgbin=$(dirname "$pg_ctl_path")
-    as_pg=()
-    if [ "$(id -u)" = 0 ]; then  # PostgreSQL refuses to run as root
-        as_pg=(runuser -u postgres --)
-        chown postgres "$tmp"
-    fi
-    pg_port=$(free_port)
-    "${as_pg[@]}" "$pgbin/initdb" -D "$tmp/pg" -U postgres --auth=trust >"$tmp/initdb.log" 2>&1 \
-        || { cat "$tmp/initdb.log" >&2; exit 2; }
-    pg_ctl_cmd=("${as_pg[@]}" "$pgbin/pg_ctl")
-    "${pg_ctl_cmd[@]}" -D "$tmp/pg" -l "$tmp/pg/server.log" -w \
-        -o "-p $pg_port -k $tmp -c listen_addresses=127.0.0.1 -c fsync=off" start >/dev/null
-    export DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/postgres"
-    echo "compat: private PostgreSQL on port $pg_port"
-fi
+[ -n "${DATABASE_URL:-}" ] || start_private_pg compat
 
 port=$(free_port)
 mkdir -p "$tmp/spool"
@@ -86,8 +79,24 @@ for v in "${venvs[@]}"; do
     echo "compat: flows with ${v##*/compat-venv-}"
     "$v/bin/python" "$root/tests/compat/compat.py" "http://127.0.0.1:$port" || status=$?
 done
+echo "compat: flows with ${venv_2x##*/compat-venv-}"
+"$venv_2x/bin/python" "$root/tests/compat/compat26.py" "http://127.0.0.1:$port" || status=$?
+# The Stream runtime's pipelines; its SIGKILL flow runs a second broker of its own on the same
+# database (docs/streams.md), so this broker is never interrupted.
+echo "compat: Stream runtime with ${venv_2x##*/compat-venv-}"
+# With the private cluster, its PostgreSQL restart flow too (an immediate shutdown mid-cycle).
+pg_restart=()
+if [ ${#pg_ctl_cmd[@]} -gt 0 ]; then
+    pg_restart=(--pg-restart "${pg_ctl_cmd[*]} -D $tmp/pg -l $tmp/pg/server.log -m immediate -w restart")
+fi
+"$venv_2x/bin/python" "$root/tests/compat/streams26.py" "http://127.0.0.1:$port" \
+    --broker "$target/release/queen-broker" "${pg_restart[@]}" || status=$?
 if [ "$status" -ne 0 ]; then
     echo "compat: broker log (last 50 lines):" >&2
     tail -n 50 "$tmp/broker.log" >&2
 fi
+echo "compat: Queen's Python client over HTTPS (tests/compat/tls.sh)"
+QUEEN_BROKER_BIN="$target/release/queen-broker" bash "$root/tests/compat/tls.sh" || status=$?
+echo "compat: Kafka clients on the Kafka listener (tests/compat/kafka.sh)"
+QUEEN_BROKER_BIN="$target/release/queen-broker" bash "$root/tests/compat/kafka.sh" || status=$?
 exit "$status"

@@ -37,7 +37,7 @@ use uuid::Uuid;
 use crate::support::proxy::Proxy;
 use crate::support::TestDb;
 
-const BROKER: &str = env!("CARGO_BIN_EXE_queen-broker");
+pub(super) const BROKER: &str = env!("CARGO_BIN_EXE_queen-broker");
 const QUEUE: &str = "chaos";
 const BROKERS: usize = 3;
 
@@ -65,16 +65,17 @@ fn size() -> Size {
     }
 }
 
-/// One broker process, restartable on the same port and spool directory.
-struct Node {
-    port: u16,
-    env: Vec<(String, String)>,
-    log: PathBuf,
-    child: Option<Child>,
+/// One broker process, restartable on the same port and spool directory (`chaos_locks` runs
+/// them too).
+pub(super) struct Node {
+    pub(super) port: u16,
+    pub(super) env: Vec<(String, String)>,
+    pub(super) log: PathBuf,
+    pub(super) child: Option<Child>,
 }
 
 impl Node {
-    fn spawn(&mut self) {
+    pub(super) fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -92,14 +93,14 @@ impl Node {
         self.child = Some(cmd.spawn().expect("broker process starts"));
     }
 
-    fn sigkill(&mut self) {
+    pub(super) fn sigkill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill(); // SIGKILL
             let _ = child.wait();
         }
     }
 
-    fn base(&self) -> String {
+    pub(super) fn base(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 }
@@ -196,7 +197,7 @@ fn fill(dir: &Path) -> (PathBuf, u64) {
 
 /// The HTTP side: a client that never panics on a refused or cut connection.
 #[derive(Clone)]
-struct Http(awc::Client);
+pub(super) struct Http(pub(super) awc::Client);
 
 impl Http {
     async fn send(&self, req: awc::ClientRequest, body: Option<&Value>) -> Option<(u16, Value)> {
@@ -212,17 +213,17 @@ impl Http {
         ))
     }
 
-    async fn post(&self, base: &str, path: &str, body: &Value) -> Option<(u16, Value)> {
+    pub(super) async fn post(&self, base: &str, path: &str, body: &Value) -> Option<(u16, Value)> {
         self.send(self.0.post(format!("{base}{path}")), Some(body))
             .await
     }
 
-    async fn get(&self, base: &str, path: &str) -> Option<(u16, Value)> {
+    pub(super) async fn get(&self, base: &str, path: &str) -> Option<(u16, Value)> {
         self.send(self.0.get(format!("{base}{path}")), None).await
     }
 
     /// Waits until `/health` is 200 (the broker is up and reaches PostgreSQL).
-    async fn healthy(&self, base: &str, within: Duration) {
+    pub(super) async fn healthy(&self, base: &str, within: Duration) {
         let deadline = Instant::now() + within;
         while !matches!(self.get(base, "/health").await, Some((200, _))) {
             assert!(

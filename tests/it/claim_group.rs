@@ -1,4 +1,4 @@
-//! Hand-off claims grouped into shared statements (`storage::claim_group`): every claim in a
+//! Hand-off claims grouped into shared statements (`storage::consume::claim_group`): every claim in a
 //! group is decided as the single statement decides it (a free lease with messages waiting is
 //! taken, a live lease or a partition of another queue is not), two claims of one row never
 //! both take it, and consumers whose pops claim through the group at the same time get every
@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use queen_broker::storage::claim_group::{ClaimGroup, ClaimJob};
+use queen_broker::storage::consume::claim_group::{ClaimGroup, ClaimJob};
 use queen_broker::storage::consume::QUEUE_MODE;
 use uuid::Uuid;
 
@@ -59,7 +59,7 @@ fn job(queue: &str, partition_id: i64, want: i64) -> ClaimJob {
 async fn claims_run_together_are_each_decided_as_alone() {
     let db = fresh_db().await;
     // The acks below must leave their partitions free for the claims this test sends: no
-    // lease is claimed ahead for a next pop (`storage::ahead`, tested in `consume_ahead`).
+    // lease is claimed ahead for a next pop (`storage::consume::ahead`, tested in `consume_ahead`).
     let app = spawn_app_with(test_settings(&db, &[("QUEEN_POP_AHEAD_MS", "0")])).await;
     for p in ["p0", "p1", "p2", "p3"] {
         push_n(&app, "q", p, 0, 3).await;
@@ -93,7 +93,12 @@ async fn claims_run_together_are_each_decided_as_alone() {
 
     let pool = sqlx::PgPool::connect(&db.url).await.expect("connects");
     // One worker, and every claim sent before it runs: one group, one statement.
-    let group = ClaimGroup::start(pool, "broker-test".to_string(), 1);
+    let group = ClaimGroup::start(
+        pool,
+        "broker-test".to_string(),
+        1,
+        std::time::Duration::from_secs(30),
+    );
     let (twin_a, twin_b, p1, p2, p3) = (
         job("q", ids["p0"], 10),
         job("q", ids["p0"], 10),

@@ -1,10 +1,10 @@
-//! Property tests of the segment frames stored in PostgreSQL (`storage::frames`): any list of
+//! Property tests of the segment frames stored in PostgreSQL (`storage::segments::frames`): any list of
 //! items encodes and decodes back, and arbitrary or damaged bytes give an error, never a panic.
 //! No database is needed; they live here because the frames belong to the broker crate.
 
 use broker_actors::Item;
 use proptest::prelude::*;
-use queen_broker::storage::frames;
+use queen_broker::storage::segments::frames;
 use uuid::Uuid;
 
 fn name() -> impl Strategy<Value = String> {

@@ -1,9 +1,9 @@
-//! How the consume path holds its connections (`storage::conns`): a pop's connection is taken
+//! How the consume path holds its connections (`storage::consume::conns`): a pop's connection is taken
 //! from the pool only when a statement needs it, and a statement group's worker keeps one
 //! connection from statement to statement instead of giving it back (each give-back is a round
 //! trip to PostgreSQL), until a statement fails.
 
-use queen_broker::storage::conns::{KeptConn, LazyConn, KEEP_FOR};
+use queen_broker::storage::consume::conns::{KeptConn, LazyConn, KEEP_FOR};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 

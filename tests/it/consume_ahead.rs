@@ -1,4 +1,4 @@
-//! Leases claimed ahead of the next pop (`storage::ahead`): an ack that ends its lease claims
+//! Leases claimed ahead of the next pop (`storage::consume::ahead`): an ack that ends its lease claims
 //! the group's next hand-off while it commits, and the consumer's next pop delivers that lease
 //! without a claim of its own; a lease no pop takes within the hold is released, and another
 //! broker then serves its messages; a pop asking for another batch does not take it; and

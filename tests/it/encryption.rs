@@ -262,7 +262,8 @@ fn a_key_that_is_not_64_hex_characters_stops_the_start_without_showing_it() {
 
 #[actix_web::test]
 async fn the_start_up_check_names_a_message_the_key_does_not_open() {
-    use queen_broker::storage::crypto::{check_key, CryptoError, KeyCheck, PayloadKey};
+    use queen_broker::storage::segments::crypto::{CryptoError, PayloadKey};
+    use queen_broker::storage::segments::key_check::{check_key, KeyCheck};
     let db = fresh_db().await;
     let app = broker(&db, Some(KEY)).await;
     let mut conn = db.conn().await;
@@ -327,4 +328,148 @@ async fn a_dead_letter_of_an_encrypted_queue_is_listed_decrypted() {
             .await
             .unwrap();
     assert!(sealed && !stored.contains("poison"), "{stored}");
+}
+
+/// Pops `vault` on `app` until it answers 200 (a stopped partition is held a few seconds), acks
+/// what it got and returns the transactionIds.
+async fn pop_and_ack(app: &TestApp, what: &str) -> Vec<String> {
+    let reply = eventually(Duration::from_secs(20), what, || async move {
+        let reply = pop(app, "vault", "batch=10").await;
+        (reply.status == 200).then_some(reply)
+    })
+    .await;
+    let answer = ack_all(app, &reply, "completed", None).await;
+    assert!(
+        crate::support::consuming::all_succeeded(&answer),
+        "{answer:?}"
+    );
+    messages(&reply)
+        .iter()
+        .map(|m| m["transactionId"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[actix_web::test]
+async fn a_message_another_key_sealed_stops_the_partition_and_is_delivered_by_the_right_key() {
+    let db = fresh_db().await;
+    let right = broker(&db, Some(KEY)).await;
+    let wrong = broker(&db, Some(OTHER_KEY)).await;
+    configure_encrypted(&right, "vault", 1).await;
+    for (app, txn) in [(&right, "a"), (&wrong, "b"), (&right, "c")] {
+        let r = app
+            .push(json!([{ "queue": "vault", "payload": { "t": txn }, "transactionId": txn }]))
+            .await;
+        assert_eq!(r.body[0]["status"], "queued", "{:?}", r.body);
+    }
+
+    // `a` does not open here: nothing from it on is delivered (not `b` alone, whose ack would
+    // move the cursor past `a`).
+    let first = pop(&wrong, "vault", "batch=10").await;
+    if first.status == 200 {
+        ack_all(&wrong, &first, "completed", None).await;
+    }
+    assert_eq!(first.status, 204, "{:?}", first.body);
+    let stopped = wrong.get("/api/v1/system/undecryptable").await;
+    assert_eq!(stopped.status, 200, "{:?}", stopped.body);
+    assert_eq!(stopped.body["count"], 1, "{:?}", stopped.body);
+    let entry = &stopped.body["partitions"][0];
+    assert_eq!(
+        (&entry["queue"], &entry["partition"], &entry["offset"]),
+        (&json!("vault"), &json!("Default"), &json!(0)),
+        "{entry:?}"
+    );
+    assert!(entry["error"].as_str().unwrap().contains("authentication"));
+    let (_, text) = wrong.get_text("/metrics/prometheus").await;
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("queen_undecryptable_stops_total ") && !l.ends_with(" 0")),
+        "{text}"
+    );
+
+    // Each key delivers what it opens, in order, and stops in front of the other's message.
+    let mut seen = pop_and_ack(&right, "the right key delivers a").await;
+    seen.extend(pop_and_ack(&wrong, "the other key delivers b").await);
+    seen.extend(pop_and_ack(&right, "the right key delivers c").await);
+    assert_eq!(seen, ["a", "b", "c"]);
+    // Each broker lists what it met last: the right key's stop at `b` went when it delivered
+    // `c`; the other key last stopped at `c`.
+    let stopped = right.get("/api/v1/system/undecryptable").await;
+    assert_eq!(stopped.body["count"], 0, "{:?}", stopped.body);
+    let stopped = wrong.get("/api/v1/system/undecryptable").await;
+    assert_eq!(
+        stopped.body["partitions"][0]["offset"], 2,
+        "{:?}",
+        stopped.body
+    );
+}
+
+#[actix_web::test]
+async fn an_auto_ack_pop_does_not_pass_a_message_it_cannot_open() {
+    let db = fresh_db().await;
+    let right = broker(&db, Some(KEY)).await;
+    let wrong = broker(&db, Some(OTHER_KEY)).await;
+    configure_encrypted(&right, "vault", 1).await;
+    for (app, txn) in [(&wrong, "a"), (&right, "b")] {
+        let r = app
+            .push(json!([{ "queue": "vault", "payload": { "t": txn }, "transactionId": txn }]))
+            .await;
+        assert_eq!(r.body[0]["status"], "queued", "{:?}", r.body);
+    }
+    // `a` opens here, `b` does not: autoAck commits `a` only.
+    let got = pop(&wrong, "vault", "batch=10&autoAck=true").await;
+    assert_eq!(got.status, 200, "{:?}", got.body);
+    let txns: Vec<Value> = messages(&got)
+        .iter()
+        .map(|m| m["transactionId"].clone())
+        .collect();
+    assert_eq!(txns, [json!("a")]);
+    let got = eventually(Duration::from_secs(20), "b with the right key", || {
+        let right = &right;
+        async move {
+            let reply = pop(right, "vault", "batch=10&autoAck=true").await;
+            (reply.status == 200).then_some(reply)
+        }
+    })
+    .await;
+    assert_eq!(messages(&got)[0]["transactionId"], "b", "{:?}", got.body);
+}
+
+#[actix_web::test]
+async fn buffered_pushes_a_keyless_broker_cannot_seal_are_quarantined_not_dropped() {
+    let db = fresh_db().await;
+    let keyed = broker(&db, Some(KEY)).await;
+    let keyless = broker(&db, None).await;
+    configure_encrypted(&keyed, "vault", 300).await;
+    let r = keyless
+        .post("/api/v1/system/maintenance", &json!({ "enabled": true }))
+        .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let items: Vec<Value> = (0..3)
+        .map(|n| json!({ "queue": "vault", "payload": { "n": n }, "transactionId": format!("t{n}") }))
+        .collect();
+    let r = keyless.push(json!(items)).await;
+    let statuses: Vec<&str> = r
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["buffered"; 3], "{:?}", r.body);
+    let r = keyless
+        .post("/api/v1/system/maintenance", &json!({ "enabled": false }))
+        .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    keyless.drained().await;
+    assert!(db.stored("vault", "Default").await.is_empty());
+    let q = keyless.get("/api/v1/system/quarantine").await;
+    assert_eq!(q.status, 200, "{:?}", q.body);
+    assert_eq!(q.body["count"], 3, "{:?}", q.body);
+    let records = q.body["records"].as_array().unwrap();
+    assert_eq!(records.len(), 3, "{:?}", q.body);
+    let text = q.body.to_string();
+    for n in 0..3 {
+        assert!(text.contains(&format!("t{n}")), "{text}");
+    }
+    assert!(text.contains("QUEEN_ENCRYPTION_KEY"), "{text}");
 }

@@ -45,3 +45,13 @@ fn spool_record_corpus() {
 fn segment_frames_corpus() {
     corpus("segment_frames", checks::segment_frames);
 }
+
+#[test]
+fn push_binary_corpus() {
+    corpus("push_binary", checks::push_binary);
+}
+
+#[test]
+fn transaction_binary_corpus() {
+    corpus("transaction_binary", checks::transaction_binary);
+}

@@ -2,7 +2,7 @@
 //! contact, and the group routes.
 
 use crate::support::consuming::*;
-use crate::support::{fresh_db, spawn_app, TestApp, TestDb};
+use crate::support::{fresh_db, spawn_app, spawn_app_with, test_settings, TestApp, TestDb};
 use serde_json::{json, Value};
 
 async fn db_now(db: &TestDb) -> String {
@@ -95,7 +95,8 @@ async fn subscription_from_a_timestamp_starts_there() {
 #[actix_web::test]
 async fn group_routes_list_lag_seek_and_delete() {
     let db = fresh_db().await;
-    let app = spawn_app(&db).await;
+    // No claim ahead after the ack: `leaseActive` below is about the popped lease only.
+    let app = spawn_app_with(test_settings(&db, &[("QUEEN_POP_AHEAD_MS", "0")])).await;
     push_n(&app, "q", "p", 0, 4).await;
     let got = pop(&app, "q", "batch=1&consumerGroup=g").await;
     ack_all(&app, &got, "completed", Some("g")).await;

@@ -49,7 +49,7 @@ async fn pop_and_ack_answer_503_quickly_while_postgresql_is_away() {
             &json!({ "transactionId": m["transactionId"], "partitionId": m["partitionId"] }),
         )
         .await;
-    assert_eq!(r.status, 503);
+    assert_eq!(r.status, 503, "{:?}", r.body);
     assert!(started.elapsed() < Duration::from_secs(5));
 
     proxy.restore();

@@ -1,13 +1,14 @@
 //! A queue-level pop on a queue with 100 000 partitions finds the one with messages through
 //! indexes: the write-order scan reads only partitions written since the group's watermark.
 //! `QUEEN_POP_SCALE_PARTITIONS=1000000 cargo test --test it pop_scale` runs the same checks
-//! over a million partitions (opt-in: filling them takes most of a minute; docs/benchmarks.md);
+//! over a million partitions (opt-in: filling them takes most of a minute; docs/history/benchmarks.md);
 //! there the group's first walk over the whole consumed history takes more than one pop's
 //! deadline and is finished by retries (see the test).
 
 use crate::support::consuming::*;
 use crate::support::{fresh_db, spawn_app, TestDb};
-use queen_broker::storage::consume::{QUEUE_MODE, READY_SQL, SCAN_SQL};
+use queen_broker::storage::consume::statements::{READY_SQL, SCAN_SQL};
+use queen_broker::storage::consume::QUEUE_MODE;
 use serde_json::Value;
 
 /// Partitions of the queue: 100 000, or `QUEEN_POP_SCALE_PARTITIONS`.

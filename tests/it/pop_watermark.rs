@@ -7,7 +7,7 @@
 use crate::support::consuming::*;
 use crate::support::{fresh_db, spawn_app};
 use broker_actors::Item;
-use queen_broker::storage::frames;
+use queen_broker::storage::segments::frames;
 
 #[actix_web::test]
 async fn a_commit_that_started_before_the_scan_and_ends_after_it_is_not_passed() {

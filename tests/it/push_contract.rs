@@ -169,7 +169,7 @@ async fn trace_id_and_producer_sub_in_the_body_are_not_read() {
         .fetch_one(&mut conn)
         .await
         .unwrap();
-    let decoded = queen_broker::storage::frames::decode(&frames).unwrap();
+    let decoded = queen_broker::storage::segments::frames::decode(&frames).unwrap();
     assert_eq!(decoded[0].producer_sub, None);
     assert_eq!(decoded[0].trace_id, None);
 }

@@ -113,7 +113,7 @@ async fn the_sweep_removes_only_expired_sidecar_rows() {
     app.push(json!([{ "queue": "s", "payload": 1, "transactionId": "old" }, { "queue": "s", "payload": 2, "transactionId": "new" }])).await;
     db.exec("UPDATE queen.dedup_keys SET created_at = created_at - interval '2 hours' WHERE msg_offset = 0").await;
     let mut conn = db.conn().await;
-    let swept = queen_broker::storage::dedup::sweep_expired(&mut conn, 100)
+    let swept = queen_broker::storage::push::dedup::sweep_expired(&mut conn, 100)
         .await
         .unwrap();
     assert_eq!(swept, 1);

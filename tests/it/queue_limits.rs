@@ -189,7 +189,7 @@ async fn a_transaction_whose_push_does_not_fit_fails_whole() {
 }
 
 #[actix_web::test]
-async fn the_spool_replay_stores_no_more_than_the_limit() {
+async fn the_spool_replay_stores_every_buffered_item_past_the_limit() {
     let db = fresh_db().await;
     let app = spawn_app(&db).await;
     configure(&app, "replayed", json!({ "maxSize": 2 })).await;
@@ -209,5 +209,12 @@ async fn the_spool_replay_stores_no_more_than_the_limit() {
     app.drained().await;
     let stored = db.stored("replayed", "Default").await;
     let ns: Vec<String> = stored.iter().map(|s| s.payload.clone()).collect();
-    assert_eq!(ns, [r#"{"n":0}"#, r#"{"n":1}"#], "the oldest two, in order");
+    // `buffered` is a promise: the bound applies at admission, not at replay.
+    let all: Vec<String> = (0..5).map(|n| format!(r#"{{"n":{n}}}"#)).collect();
+    assert_eq!(ns, all, "every buffered item, in order");
+    // The queue is over its bound now: the next push is refused.
+    let r = app
+        .push(json!([{ "queue": "replayed", "payload": { "n": 5 } }]))
+        .await;
+    assert_eq!(statuses(&r.body), ["failed"]);
 }

@@ -267,7 +267,7 @@ async fn counts_follow_the_consumers() {
     .await;
     db.exec("UPDATE queen.segments SET created_at = created_at - interval '2 hours'")
         .await;
-    let removed = queen_broker::storage::retention::sweep(&app.broker.state.pool, 100)
+    let removed = queen_broker::storage::queues::retention::sweep(&app.broker.state.pool, 100)
         .await
         .unwrap();
     assert_eq!((removed.segments, removed.messages), (1, 2));

@@ -4,7 +4,7 @@
 
 use crate::support::consuming::{ack_all, messages, pop_partition};
 use crate::support::{fresh_db, spawn_app, TestApp, TestDb};
-use queen_broker::storage::{dedup, retention};
+use queen_broker::storage::{push::dedup, queues::retention};
 use serde_json::{json, Value};
 use uuid::Uuid;
 

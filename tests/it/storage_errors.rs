@@ -3,7 +3,7 @@
 //! stopped with a fast shutdown, a statement timeout, a write on a read-only host (SQLSTATE
 //! 25006, as during a primary switchover), and statements that simply fail. Each
 //! case also checks the two places that act on the answer: the commit path
-//! (`storage::commit::classify`: unreachable → the actors spool) and the HTTP edge
+//! (`storage::push::commit::classify`: unreachable → the actors spool) and the HTTP edge
 //! (`ApiError::Database`: unreachable → 503, else 500).
 
 use std::time::Duration;
@@ -12,7 +12,7 @@ use actix_web::ResponseError;
 use broker_actors::error::StoreError;
 use queen_broker::http::error::ApiError;
 use queen_broker::pg::{free_port, PrivateCluster};
-use queen_broker::storage::{commit, system, StorageError};
+use queen_broker::storage::{cluster::system, push::commit, StorageError};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
@@ -93,6 +93,35 @@ async fn connection_refused_is_unreachable() {
     // A committer's store: spools.
     let e = system::round_trip(&pool).await.expect_err("still nothing");
     assert!(matches!(commit::classify(e), StoreError::Unavailable(_)));
+}
+
+#[actix_web::test]
+async fn a_connection_closed_before_any_answer_is_unreachable() {
+    // A listener that accepts and closes at once: a server going down, or a proxy in front of
+    // PostgreSQL without a backend. The first thing the client reads is the end of the stream
+    // (sqlx, built with TLS, meets it as the answer to its SSLRequest).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let closer = tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            drop(socket);
+        }
+    });
+    let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+    let e = PgConnection::connect(&url)
+        .await
+        .expect_err("the peer closes at once");
+    assert_classified(StorageError::from(e), true);
+
+    let pool = PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_lazy(&url)
+        .expect("lazy pool");
+    let e = system::round_trip(&pool).await.expect_err("closed at once");
+    assert!(matches!(commit::classify(e), StoreError::Unavailable(_)));
+    closer.abort();
 }
 
 #[actix_web::test]
@@ -270,7 +299,7 @@ async fn statements_that_fail_are_not_unreachable() {
     tx.rollback().await.expect("rollback");
 
     // A domain fault: a stored segment that does not decode.
-    let corrupt = queen_broker::storage::frames::decode(&[0xff])
+    let corrupt = queen_broker::storage::segments::frames::decode(&[0xff])
         .map_err(|source| StorageError::CorruptSegment {
             partition: 7,
             source,

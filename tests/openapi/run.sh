@@ -10,6 +10,8 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source=tests/support/private-pg.sh
+source "$root/tests/support/private-pg.sh"
 target=${CARGO_TARGET_DIR:-$root/target}
 venv=${QUEEN_OPENAPI_VENV:-$target/openapi-venv}
 python=${PYTHON:-python3}
@@ -17,10 +19,9 @@ examples=${QUEEN_OPENAPI_EXAMPLES:-25}
 
 tmp=$(mktemp -d -t queen-openapi-XXXXXX)
 broker_pid=""
-pg_ctl_cmd=()
 cleanup() {
     if [ -n "$broker_pid" ]; then kill "$broker_pid" 2>/dev/null || true; wait "$broker_pid" 2>/dev/null || true; fi
-    if [ ${#pg_ctl_cmd[@]} -gt 0 ]; then "${pg_ctl_cmd[@]}" -D "$tmp/pg" -m immediate stop >/dev/null 2>&1 || true; fi
+    stop_private_pg
     rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -36,26 +37,7 @@ echo "openapi: installing the pinned schemathesis into $venv"
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$root/tests/openapi/requirements.txt"
 
-free_port() { "$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-
-if [ -z "${DATABASE_URL:-}" ]; then
-    pg_ctl_path=$(command -v pg_ctl || ls -d /usr/lib/postgresql/*/bin/pg_ctl 2>/dev/null | sort -V | tail -n 1 || true)
-    [ -n "$pg_ctl_path" ] || { echo "openapi: no pg_ctl found; install PostgreSQL or set DATABASE_URL" >&2; exit 2; }
-    pgbin=$(dirname "$pg_ctl_path")
-    as_pg=()
-    if [ "$(id -u)" = 0 ]; then  # PostgreSQL refuses to run as root
-        as_pg=(runuser -u postgres --)
-        chown postgres "$tmp"
-    fi
-    pg_port=$(free_port)
-    "${as_pg[@]}" "$pgbin/initdb" -D "$tmp/pg" -U postgres --auth=trust >"$tmp/initdb.log" 2>&1 \
-        || { cat "$tmp/initdb.log" >&2; exit 2; }
-    pg_ctl_cmd=("${as_pg[@]}" "$pgbin/pg_ctl")
-    "${pg_ctl_cmd[@]}" -D "$tmp/pg" -l "$tmp/pg/server.log" -w \
-        -o "-p $pg_port -k $tmp -c listen_addresses=127.0.0.1 -c fsync=off" start >/dev/null
-    export DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/postgres"
-    echo "openapi: private PostgreSQL on port $pg_port"
-fi
+[ -n "${DATABASE_URL:-}" ] || start_private_pg openapi
 
 port=$(free_port)
 mkdir -p "$tmp/spool"

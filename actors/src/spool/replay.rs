@@ -11,7 +11,9 @@
 //! ([`StoreError::Refused`]: a data exception or an integrity violation, never a missing table
 //! or a lock), each partition's segment is committed on its own, and each item of a segment
 //! that still fails on its own; an item PostgreSQL refuses alone [`ITEM_ATTEMPTS`] times goes
-//! to the [`quarantine`] file, logged with its ids, and its partition's later records go on.
+//! to the [`quarantine`] file, logged with its ids, and its partition's later records go on. An
+//! item its queue refuses (encrypted, no key on this broker) goes there too: a `buffered`
+//! verdict is a promise, so no replayed record is ever dropped.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -191,7 +193,7 @@ async fn replay_round<S: SegmentStore>(
                         message_id = %q.record.item.message_id,
                         transaction_id = %q.record.item.transaction_id.escape_debug(),
                         error = %q.error,
-                        "spooled record refused by PostgreSQL; moved to the quarantine file"
+                        "spooled record refused on replay; moved to the quarantine file"
                     );
                 }
             }
@@ -221,19 +223,29 @@ async fn replay_round<S: SegmentStore>(
     }
 }
 
-/// A replayed item its queue refused (its `maxSize` is reached, or it is encrypted and this
-/// broker has no key) is not stored and has no producer waiting to hear it: it is logged with
-/// its id, and the replay goes on.
-fn report_refused(writes: &[SegmentWrite], outcomes: &[crate::store::SegmentOutcome]) {
+/// A replayed item its queue refused (encrypted, and this broker has no key; `maxSize` does not
+/// refuse replayed items, see `PgStore::admitted`) is not stored and has no producer waiting to
+/// hear it; it was answered `buffered`, a promise: it goes to the quarantine file with its
+/// record and why, counted and logged there, never dropped.
+fn refused_by_queue(
+    writes: &[SegmentWrite],
+    outcomes: &[crate::store::SegmentOutcome],
+) -> Vec<Quarantined> {
+    let mut kept = Vec::new();
     for (write, outcome) in writes.iter().zip(outcomes) {
         for (item, verdict) in write.items.iter().zip(&outcome.verdicts) {
             if let crate::Verdict::Refused(why) = verdict {
-                tracing::error!(message_id = %item.message_id, transaction_id = %item.transaction_id,
-                    partition = %write.key, reason = %why.message(&write.key.queue),
-                    "spooled message refused by its queue on replay; not stored");
+                kept.push(Quarantined {
+                    record: Record {
+                        key: write.key.clone(),
+                        item: item.clone(),
+                    },
+                    error: why.message(&write.key.queue),
+                });
             }
         }
     }
+    kept
 }
 
 fn report_damage(path: &std::path::Path, damage: &[record::Damage]) {
@@ -245,8 +257,8 @@ fn report_damage(path: &std::path::Path, damage: &[record::Damage]) {
 
 /// Commits `writes` in one transaction; when that fails for a reason other than PostgreSQL
 /// being unreachable, each segment on its own, and a segment that still fails item by item.
-/// Returns the items PostgreSQL refused on their own (everything else is committed, or refused
-/// by its queue, e.g. its `maxSize`, which [`report_refused`] logs: those are not quarantined).
+/// Returns the items PostgreSQL refused on their own and those their queue refused
+/// ([`refused_by_queue`]), for the quarantine; everything else is committed.
 ///
 /// # Errors
 ///
@@ -258,10 +270,7 @@ async fn commit_isolating<S: SegmentStore>(
     writes: &[SegmentWrite],
 ) -> Result<Vec<Quarantined>, StoreError> {
     let first = match store.commit(writes).await {
-        Ok(outcomes) => {
-            report_refused(writes, &outcomes);
-            return Ok(Vec::new());
-        }
+        Ok(outcomes) => return Ok(refused_by_queue(writes, &outcomes)),
         Err(e @ StoreError::Refused(_)) => e,
         // Unreachable, or a failure that is not the data's (a missing table before the
         // migrations ran, a lock timeout): the batch is retried whole with back-off.
@@ -273,7 +282,7 @@ async fn commit_isolating<S: SegmentStore>(
     for write in writes {
         let error = match store.commit(std::slice::from_ref(write)).await {
             Ok(outcomes) => {
-                report_refused(std::slice::from_ref(write), &outcomes);
+                refused.extend(refused_by_queue(std::slice::from_ref(write), &outcomes));
                 continue;
             }
             Err(e @ StoreError::Refused(_)) => e,
@@ -290,7 +299,9 @@ async fn commit_isolating<S: SegmentStore>(
                 items: vec![item.clone()],
             };
             match store.commit(std::slice::from_ref(&single)).await {
-                Ok(outcomes) => report_refused(std::slice::from_ref(&single), &outcomes),
+                Ok(outcomes) => {
+                    refused.extend(refused_by_queue(std::slice::from_ref(&single), &outcomes))
+                }
                 Err(e @ StoreError::Refused(_)) => {
                     refused.extend(refuse_alone(store, &single, e).await?)
                 }
@@ -312,8 +323,7 @@ async fn refuse_alone<S: SegmentStore>(
         tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
         match store.commit(std::slice::from_ref(single)).await {
             Ok(outcomes) => {
-                report_refused(std::slice::from_ref(single), &outcomes);
-                return Ok(None);
+                return Ok(refused_by_queue(std::slice::from_ref(single), &outcomes).pop());
             }
             Err(e @ StoreError::Refused(_)) => error = e,
             Err(e) => return Err(e),

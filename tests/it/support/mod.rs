@@ -1,7 +1,8 @@
 //! Test support: one throwaway PostgreSQL cluster for the whole test binary (or
 //! `QUEEN_TEST_DATABASE_URL`), a database per test cloned from a migrated template, and the
 //! broker on 127.0.0.1:0. `auth`, `consuming` and `proxy` hold the helpers of those areas;
-//! `replica` makes a primary with a streaming standby for the switchover tests.
+//! `replica` makes a primary with a streaming standby for the switchover tests; `tls` makes
+//! throwaway certificate authorities.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -14,11 +15,12 @@ pub mod auth;
 pub mod consuming;
 pub mod proxy;
 pub mod replica;
+pub mod tls;
 
 use queen_broker::app::{self, Broker};
 use queen_broker::pg::PrivateCluster;
 use queen_broker::settings::Settings;
-use queen_broker::storage::{self, frames};
+use queen_broker::storage::{self, segments::frames};
 use serde_json::Value;
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
@@ -298,6 +300,23 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
             .connector(awc::Connector::new().conn_keep_alive(Duration::from_secs(1)))
             .timeout(Duration::from_secs(60))
             .finish(),
+    }
+}
+
+impl TestApp {
+    /// Talks HTTPS to this broker (started with `QUEEN_TLS_*`) from here on, with a client of
+    /// `config` (which trusts the test's CA).
+    pub fn over_tls(mut self, config: std::sync::Arc<rustls::ClientConfig>) -> Self {
+        self.base = self.base.replacen("http://", "https://", 1);
+        self.client = awc::Client::builder()
+            .connector(
+                awc::Connector::new()
+                    .rustls_0_23(config)
+                    .conn_keep_alive(Duration::from_secs(1)),
+            )
+            .timeout(Duration::from_secs(60))
+            .finish();
+        self
     }
 }
 

@@ -1,5 +1,8 @@
 //! A TCP proxy between the broker and PostgreSQL on 127.0.0.1 that tests can cut, restore, or
-//! make drop a connection right after it forwarded a COMMIT (an outcome-unknown commit).
+//! make drop a connection right after it forwarded a COMMIT (an outcome-unknown commit); delay
+//! every forwarded chunk; or black-hole (half-open): every connection open at that moment, and
+//! every new one while it lasts, stays open but never forwards another byte, as when a peer or a
+//! NAT between them vanished without a reset.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,7 +20,17 @@ pub struct Proxy {
     drop_commit: Arc<AtomicBool>,
     commits_dropped: Arc<std::sync::atomic::AtomicUsize>,
     links: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    faults: Arc<Faults>,
     accept: JoinHandle<()>,
+}
+
+/// The delay and black-hole switches, shared by every link.
+#[derive(Default)]
+struct Faults {
+    delay_ms: std::sync::atomic::AtomicU64,
+    black_hole: AtomicBool,
+    /// One flag per link; a set flag never clears (the link is dead but open).
+    frozen: Mutex<Vec<Arc<AtomicBool>>>,
 }
 
 impl Proxy {
@@ -29,11 +42,13 @@ impl Proxy {
         let drop_commit = Arc::new(AtomicBool::new(false));
         let commits_dropped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let links: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let (c, d, n, l) = (
+        let faults: Arc<Faults> = Arc::default();
+        let (c, d, n, l, f) = (
             cut.clone(),
             drop_commit.clone(),
             commits_dropped.clone(),
             links.clone(),
+            faults.clone(),
         );
         let accept = tokio::spawn(async move {
             loop {
@@ -44,10 +59,12 @@ impl Proxy {
                     drop(client); // refused: the peer sees the connection close at once
                     continue;
                 }
-                let (d, n) = (d.clone(), n.clone());
+                let (d, n, f) = (d.clone(), n.clone(), f.clone());
+                let frozen = Arc::new(AtomicBool::new(f.black_hole.load(Ordering::SeqCst)));
+                f.frozen.lock().unwrap().push(frozen.clone());
                 let link = tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(("127.0.0.1", target)).await {
-                        forward(client, server, d, n).await;
+                        forward(client, server, d, n, f, frozen).await;
                     }
                 });
                 l.lock().unwrap().push(link);
@@ -59,8 +76,29 @@ impl Proxy {
             drop_commit,
             commits_dropped,
             links,
+            faults,
             accept,
         }
+    }
+
+    /// Delays every chunk forwarded from now on (either way) by `delay`.
+    pub fn set_delay(&self, delay: Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.faults.delay_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// Half-open: every open connection stops forwarding for good (its sockets stay open), and
+    /// so does every connection accepted until [`Proxy::heal`].
+    pub fn black_hole(&self) {
+        self.faults.black_hole.store(true, Ordering::SeqCst);
+        for link in self.faults.frozen.lock().unwrap().iter() {
+            link.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// New connections forward again; the black-holed ones stay dead (and open).
+    pub fn heal(&self) {
+        self.faults.black_hole.store(false, Ordering::SeqCst);
     }
 
     /// Cuts every connection and refuses new ones.
@@ -107,7 +145,19 @@ async fn forward(
     mut server: TcpStream,
     drop_commit: Arc<AtomicBool>,
     dropped: Arc<std::sync::atomic::AtomicUsize>,
+    faults: Arc<Faults>,
+    frozen: Arc<AtomicBool>,
 ) {
+    // Before each forwarded chunk: the delay, and a black hole holds the link here for good.
+    let gate = || async {
+        let ms = faults.delay_ms.load(Ordering::SeqCst);
+        if ms > 0 {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        if frozen.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+    };
     let (mut cr, mut cw) = client.split();
     let (mut sr, mut sw) = server.split();
     let swallow = AtomicBool::new(false);
@@ -130,6 +180,7 @@ async fn forward(
                 dropped.fetch_add(1, Ordering::SeqCst);
                 return;
             }
+            gate().await;
             if sw.write_all(chunk).await.is_err() {
                 return;
             }
@@ -146,6 +197,7 @@ async fn forward(
                 answered.notify_one();
                 continue;
             }
+            gate().await;
             if cw.write_all(&buf[..n]).await.is_err() {
                 return;
             }

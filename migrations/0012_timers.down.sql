@@ -1,0 +1,2 @@
+-- Removes the timers table (pending timers are lost).
+DROP TABLE IF EXISTS queen.timers;

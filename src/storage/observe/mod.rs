@@ -1,0 +1,6 @@
+//! What the dashboard's status and analytics routes read, message traces, and the views of
+//! the 2.x state (KV namespaces, locks, timers, stream queries).
+
+pub mod features;
+pub mod status;
+pub mod traces;

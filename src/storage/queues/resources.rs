@@ -1,0 +1,171 @@
+//! What the resource routes show about queues and partitions: per-partition facts read with
+//! primary-key probes (first and last segment), the partition's consumer state
+//! ([`crate::storage::queues::progress`]), and the message counts derived from them.
+//!
+//! Counts follow the message statuses of the messages listing (the rules are in
+//! `storage::queues::progress`): every stored message is counted once, as `pending`, `processing`,
+//! `completed` or `deadLetter`. `failed` is always 0: a failed ack releases the lease without
+//! moving the cursor, so the message is `pending` again until its retries run out and it is
+//! dead-lettered.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::storage::error::StorageError;
+use crate::storage::queues::progress::{self, DeadCounts, Progress, PROGRESS_COLUMNS};
+
+/// One partition and what its segments say.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct PartitionRow {
+    /// Internal id.
+    pub id: i64,
+    /// Public id (`partitionId` on the wire).
+    pub uuid: Uuid,
+    /// Its queue's internal id.
+    pub queue_id: i64,
+    /// Name.
+    pub name: String,
+    /// Creation time.
+    pub created_at: DateTime<Utc>,
+    /// The next offset to hand out: every message ever stored has an offset below it.
+    pub next_offset: i64,
+    /// Base offset of the oldest segment still stored (none when empty).
+    pub first_offset: Option<i64>,
+    /// When the oldest stored segment was written.
+    pub oldest_at: Option<DateTime<Utc>>,
+    /// When the newest stored segment was written.
+    pub newest_at: Option<DateTime<Utc>>,
+    /// What its consumer groups have done.
+    #[sqlx(flatten)]
+    pub progress: Progress,
+    /// Dead letters among its stored messages.
+    #[sqlx(skip)]
+    pub dead: DeadCounts,
+}
+
+impl PartitionRow {
+    /// Messages stored now. Retention removes a prefix of whole segments (`storage::queues::retention`),
+    /// so the stored ones are exactly the offsets `first_offset .. next_offset`.
+    pub fn stored(&self) -> i64 {
+        self.first_offset
+            .map_or(0, |first| self.next_offset - first)
+    }
+
+    /// The offsets stored now (empty when none).
+    pub fn stored_range(&self) -> std::ops::Range<i64> {
+        self.first_offset.unwrap_or(self.next_offset)..self.next_offset
+    }
+}
+
+/// Partitions with their segment facts and consumer state: of one queue, or of every queue.
+/// Two statements, however many partitions.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn partitions(
+    conn: &mut PgConnection,
+    queue_id: Option<i64>,
+) -> Result<Vec<PartitionRow>, StorageError> {
+    let mut rows: Vec<PartitionRow> = sqlx::query_as(&format!(
+        "SELECT p.id, p.uuid, p.queue_id, p.name, p.created_at, p.next_offset,
+                f.base_offset AS first_offset, f.created_at AS oldest_at, l.created_at AS newest_at,
+                {PROGRESS_COLUMNS}
+           FROM queen.partitions p
+           LEFT JOIN LATERAL (
+                SELECT base_offset, created_at FROM queen.segments
+                 WHERE partition_id = p.id ORDER BY base_offset LIMIT 1
+           ) f ON TRUE
+           LEFT JOIN LATERAL (
+                SELECT created_at FROM queen.segments
+                 WHERE partition_id = p.id ORDER BY base_offset DESC LIMIT 1
+           ) l ON TRUE
+           {joins}
+          WHERE $1::int8 IS NULL OR p.queue_id = $1
+          ORDER BY p.queue_id, p.name",
+        joins = progress::progress_joins()
+    ))
+    .bind(queue_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    let ranges: Vec<_> = rows
+        .iter()
+        .filter(|p| p.stored() > 0)
+        .map(|p| (p.id, p.stored_range(), &p.progress))
+        .collect();
+    let dead: HashMap<i64, DeadCounts> = progress::dead_counts(conn, &ranges)
+        .await?
+        .into_iter()
+        .collect();
+    for row in &mut rows {
+        if let Some(d) = dead.get(&row.id) {
+            row.dead = *d;
+        }
+    }
+    Ok(rows)
+}
+
+/// Message counts of a partition (or a sum of them), with the wire's names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageCounts {
+    /// Stored messages.
+    pub total: i64,
+    /// Not yet consumed.
+    pub pending: i64,
+    /// Under a live lease.
+    pub processing: i64,
+    /// Consumed.
+    pub completed: i64,
+    /// Always 0 here (see the module documentation).
+    pub failed: i64,
+    /// Dead-lettered.
+    pub dead_letter: i64,
+}
+
+impl std::ops::AddAssign for MessageCounts {
+    fn add_assign(&mut self, o: Self) {
+        self.total += o.total;
+        self.pending += o.pending;
+        self.processing += o.processing;
+        self.completed += o.completed;
+        self.failed += o.failed;
+        self.dead_letter += o.dead_letter;
+    }
+}
+
+/// The counts of one partition's stored messages, by the statuses of the messages listing:
+/// queue mode (or no group): `completed` below the queue-mode cursor, `processing` inside the
+/// live queue-mode lease's range, the rest `pending`; bus mode: `completed` once every named
+/// group consumed it; dead-lettered ones count as `deadLetter` only.
+pub fn message_counts(p: &PartitionRow) -> MessageCounts {
+    let t = p.progress.tally(p.stored_range(), &p.dead);
+    MessageCounts {
+        total: p.stored(),
+        pending: t.pending,
+        processing: t.processing,
+        completed: t.completed,
+        failed: 0,
+        dead_letter: t.dead_letter,
+    }
+}
+
+/// Messages stored per second over the last minute, from the segments written in it.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn ingested_per_second(conn: &mut PgConnection) -> Result<f64, StorageError> {
+    let last_minute: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(sum(msg_count), 0)::int8
+           FROM queen.segments
+          WHERE created_at > now() - interval '60 seconds'",
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(last_minute as f64 / 60.0)
+}
