@@ -36,6 +36,13 @@ async fn subscribed_with(db: &TestDb, n: i64) -> TestApp {
     let app = without_claims_ahead(db).await;
     assert_eq!(pop(&app, "q", "batch=2").await.status, 204);
     push_n(&app, "q", "p", 0, n).await;
+    // The commit's NOTIFY offers the partition to the group popping here. Waiting for that
+    // offer before the first pop keeps a late one from counting as a hand-off (it came once
+    // after the pop on a loaded machine, and the count after the pop read 1).
+    eventually(Duration::from_secs(5), "the write offered", || async {
+        (waiting(&app) == 1).then_some(())
+    })
+    .await;
     app
 }
 

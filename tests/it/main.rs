@@ -14,6 +14,7 @@ mod auth_keys;
 mod auth_matrix;
 mod auth_producer_sub;
 mod chaos;
+mod chaos_clock;
 mod chaos_faults;
 mod chaos_locks;
 mod claim_group;

@@ -4,13 +4,15 @@
 #   free_port                   prints a free TCP port on 127.0.0.1
 #   start_private_pg TAG        initdb + start in "$tmp/pg" (fsync off, socket in "$tmp"); sets
 #                               pg_port, pg_ctl_cmd (the pg_ctl to call, as the postgres user
-#                               when run as root) and exports DATABASE_URL; TAG prefixes messages
+#                               when run as root), psql_bin (the psql beside that pg_ctl) and
+#                               exports DATABASE_URL; TAG prefixes messages
 #   stop_private_pg             immediate stop, when this file started a cluster
 #
 # The caller sets `tmp` (an existing directory) before starting, and calls stop_private_pg in
 # its EXIT trap before removing "$tmp".
 
 pg_ctl_cmd=()
+psql_bin=""
 
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -21,6 +23,9 @@ start_private_pg() {
     pg_ctl_path=$(command -v pg_ctl || ls -d /usr/lib/postgresql/*/bin/pg_ctl 2>/dev/null | sort -V | tail -n 1 || true)
     [ -n "$pg_ctl_path" ] || { echo "$tag: no pg_ctl found; install PostgreSQL or set DATABASE_URL" >&2; exit 2; }
     pgbin=$(dirname "$pg_ctl_path")
+    psql_bin=$pgbin/psql
+    [ -x "$psql_bin" ] || psql_bin=$(command -v psql || true)
+    [ -n "$psql_bin" ] || { echo "$tag: no psql found beside $pg_ctl_path or on PATH" >&2; exit 2; }
     if [ "$(id -u)" = 0 ]; then  # PostgreSQL refuses to run as root
         as_pg=(runuser -u postgres --)
         chown postgres "$tmp"

@@ -111,7 +111,7 @@ WITH j AS (
  RETURNING t.n, t.queue_id, t.lease_time, c.partition_id, p.uuid, p.name,
            c.committed_offset, c.batch_retry_count, p.next_offset, c.leased_to
 )
-SELECT claim.n, claim.queue_id, claim.lease_time, now() AS db_now,
+SELECT claim.n, claim.queue_id, claim.lease_time,
        claim.partition_id, claim.uuid, claim.name, claim.committed_offset,
        claim.batch_retry_count, claim.next_offset,
 ",

@@ -25,7 +25,6 @@ use crate::storage::consume::read::sent_or_held;
 use crate::storage::consume::{Candidate, Claimed, Collect, Take};
 use crate::storage::error::StorageError;
 use crate::storage::segments::cache::{CachedSegment, SegmentCache};
-use crate::storage::segments::frames;
 
 /// The claim of a partition the group already has a row on, for a conflating pop: the lease as
 /// the ordinary claim takes it (`$3` for owner `$4`, `$5` seconds; skipped when another claim
@@ -72,7 +71,8 @@ UPDATE queen.partition_consumers
 RETURNING batch_retry_count";
 
 /// The newest segment of partition `$1` starting below `$2`, without its frames when its base
-/// is in `$3` (held by the broker), with the offsets deleted one by one inside it.
+/// is in `$3` (held by the broker), with the offsets deleted one by one inside it, and when a
+/// delay of `$4` seconds from its commit ends, by PostgreSQL's clock (`NULL`: already ended).
 const SEGMENT_SQL: &str = "
 SELECT s.base_offset, s.msg_count,
        CASE WHEN s.base_offset = ANY($3) THEN NULL ELSE s.frames END AS frames,
@@ -80,7 +80,9 @@ SELECT s.base_offset, s.msg_count,
           FROM queen.deleted_messages d
          WHERE d.partition_id = $1
            AND d.msg_offset >= s.base_offset
-           AND d.msg_offset < s.base_offset + s.msg_count) AS deleted
+           AND d.msg_offset < s.base_offset + s.msg_count) AS deleted,
+       CASE WHEN s.created_at + make_interval(secs => $4) > now()
+            THEN s.created_at + make_interval(secs => $4) END AS visible_at
   FROM queen.segments s
  WHERE s.partition_id = $1
    AND s.base_offset < $2
@@ -88,8 +90,14 @@ SELECT s.base_offset, s.msg_count,
  LIMIT 1";
 
 /// One row of [`SEGMENT_SQL`]: base offset, message count, frames (unless held), deleted
-/// offsets.
-type SegmentRow = (i64, i32, Option<Vec<u8>>, Option<Vec<i64>>);
+/// offsets, the end of its delay when still ahead.
+type SegmentRow = (
+    i64,
+    i32,
+    Option<Vec<u8>>,
+    Option<Vec<i64>>,
+    Option<DateTime<Utc>>,
+);
 
 /// What a conflating claim found in `committed .. next_offset`.
 #[derive(Debug)]
@@ -145,7 +153,6 @@ pub(super) async fn take(
         committed,
         next_offset,
         pop.queue.delay_secs,
-        row.db_now,
     )
     .await?;
     let (offset, segment) = match newest {
@@ -176,7 +183,6 @@ pub(super) async fn take(
             partition_id: row.id,
             uuid: row.uuid,
             name: row.name.clone(),
-            db_now: row.db_now,
             committed: offset,
             retry_count,
             next_offset: offset + 1,
@@ -188,8 +194,9 @@ pub(super) async fn take(
     .await
 }
 
-/// The newest message of partition `partition_id` in `from .. end` that a consumer may see at
-/// `now`: not deleted and, on a queue with delayed processing (`delay_secs`), past its delay.
+/// The newest message of partition `partition_id` in `from .. end` that a consumer may see
+/// now: not deleted and, on a queue with delayed processing (`delay_secs`), past its delay —
+/// counted from its segment's commit by PostgreSQL's clock, whatever this broker's clock says.
 /// Reads the segments newest first, one statement each, until one holds such a message (almost
 /// always the first: a delay holds back only the newest messages).
 async fn newest_visible(
@@ -199,63 +206,40 @@ async fn newest_visible(
     from: i64,
     end: i64,
     delay_secs: i32,
-    now: DateTime<Utc>,
 ) -> Result<Newest, StorageError> {
     let held = cache.from_offset(partition_id, from);
     let held_bases: Vec<i64> = held.iter().map(|s| s.base_offset).collect();
-    let delay_micros = i64::from(delay_secs) * 1_000_000;
-    let now_micros = now.timestamp_micros();
     let mut below = end;
-    let mut delayed: Option<i64> = None;
+    let mut delayed: Option<DateTime<Utc>> = None;
     while below > from {
         let row: Option<SegmentRow> = sqlx::query_as(SEGMENT_SQL)
             .bind(partition_id)
             .bind(below)
             .bind(&held_bases)
+            .bind(delay_secs)
             .fetch_optional(&mut *conn)
             .await?;
-        let Some((base, count, bytes, deleted)) = row else {
+        let Some((base, count, bytes, deleted, visible_at)) = row else {
             break;
         };
+        if let Some(at) = visible_at {
+            // Walking back, the last one seen is the oldest: the first to show.
+            delayed = Some(at);
+            below = base;
+            continue;
+        }
         let segment = sent_or_held(cache, &held, partition_id, base, count.into(), bytes)?;
         let deleted = deleted.unwrap_or_default();
-        // The frames are read only for their times (a delayed queue); the answer decodes the
-        // delivered one.
-        let decoded = if delay_micros > 0 {
-            Some(frames::decode(&segment.frames).map_err(|source| {
-                StorageError::CorruptSegment {
-                    partition: partition_id,
-                    source,
-                }
-            })?)
-        } else {
-            None
-        };
         let last = below.min(base + i64::from(count));
-        for offset in (base.max(from)..last).rev() {
-            if deleted.contains(&offset) {
-                continue;
-            }
-            if let Some(decoded) = &decoded {
-                let Some(frame) = usize::try_from(offset - base)
-                    .ok()
-                    .and_then(|n| decoded.get(n))
-                else {
-                    continue;
-                };
-                let visible_at = frame.created_at_micros + delay_micros;
-                if visible_at > now_micros {
-                    // Walking back, the last one seen is the oldest: the first to show.
-                    delayed = Some(visible_at);
-                    continue;
-                }
-            }
-            drop(decoded);
+        if let Some(offset) = (base.max(from)..last)
+            .rev()
+            .find(|offset| !deleted.contains(offset))
+        {
             return Ok(Newest::Visible(offset, segment));
         }
         below = base;
     }
-    Ok(match delayed.and_then(DateTime::from_timestamp_micros) {
+    Ok(match delayed {
         Some(at) => Newest::Delayed(at),
         None => Newest::Gone,
     })

@@ -62,7 +62,9 @@ use crate::storage::consume::group_rows::{clear_attention, first_claim, join_unt
 use crate::storage::consume::handoff::Handoffs;
 use crate::storage::consume::read::{open, read_range, sent_or_held};
 use crate::storage::consume::ready::pop_ready;
-use crate::storage::consume::statements::{ClaimRow, CANDIDATE_COLUMNS, CLAIM_SQL, SCAN_SQL};
+use crate::storage::consume::statements::{
+    ClaimRow, CANDIDATE_COLUMNS, CLAIM_SQL, HELD_BACK_SQL, SCAN_SQL,
+};
 use crate::storage::error::StorageError;
 use crate::storage::segments::cache::{CachedSegment, LeasedRange, SegmentCache};
 use crate::storage::segments::frames::{self, Frame, FrameError};
@@ -487,7 +489,6 @@ struct Claimed {
     partition_id: i64,
     uuid: Uuid,
     name: String,
-    db_now: DateTime<Utc>,
     committed: i64,
     retry_count: i32,
     next_offset: i64,
@@ -855,7 +856,6 @@ impl Collect<'_, '_> {
                 partition_id: row.id,
                 uuid: row.uuid,
                 name: row.name.clone(),
-                db_now: row.db_now,
                 committed,
                 retry_count,
                 next_offset,
@@ -878,7 +878,6 @@ impl Collect<'_, '_> {
             partition_id,
             uuid,
             name,
-            db_now,
             committed,
             retry_count,
             next_offset,
@@ -912,34 +911,30 @@ impl Collect<'_, '_> {
         // or the end is cut off the range, one in the middle is left out of the answer.
         let mut shown: Option<(i64, i64)> = None;
         let mut visible_at: Option<DateTime<Utc>> = None;
-        let delay_micros = i64::from(self.queue.delay_secs) * 1_000_000;
-        let now_micros = db_now.timestamp_micros();
-        let corrupt = |source| StorageError::CorruptSegment {
-            partition: partition_id,
-            source,
+        // A delay counts from the segment's commit, by PostgreSQL's clock (the frames' times
+        // are this or another broker's clock, which may be off or jump).
+        let held_back: Option<(i64, DateTime<Utc>)> = if self.queue.delay_secs > 0 {
+            let bases: Vec<i64> = segments.iter().map(|s| s.base_offset).collect();
+            sqlx::query_as(HELD_BACK_SQL)
+                .bind(partition_id)
+                .bind(&bases)
+                .bind(self.queue.delay_secs)
+                .fetch_optional(conn.get().await?)
+                .await?
+        } else {
+            None
         };
         'segments: for seg in &segments {
-            // Counting needs the frames only to read their times (a delayed queue); the
-            // answer decodes the delivered ones (`Delivery::frames`).
             let skip = (first - seg.base_offset).max(0);
-            let mut times = if delay_micros > 0 {
-                Some(frames::decode_from(&seg.frames, skip as usize).map_err(corrupt)?)
-            } else {
-                None
-            };
+            if let Some((base, at)) = held_back {
+                if seg.base_offset >= base {
+                    visible_at = Some(at);
+                    break 'segments;
+                }
+            }
             for offset in seg.base_offset + skip..seg.base_offset + seg.count {
                 if count as i64 >= want {
                     break 'segments;
-                }
-                if let Some(times) = times.as_mut() {
-                    let Some(frame) = times.next().transpose().map_err(corrupt)? else {
-                        break;
-                    };
-                    if frame.created_at_micros + delay_micros > now_micros {
-                        visible_at =
-                            DateTime::from_timestamp_micros(frame.created_at_micros + delay_micros);
-                        break 'segments;
-                    }
                 }
                 count += 1;
                 if deleted.binary_search(&offset).is_err() {

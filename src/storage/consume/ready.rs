@@ -84,7 +84,6 @@ pub(crate) async fn pop_ready(
             partition_id,
             uuid: head.uuid,
             name: head.name.clone(),
-            db_now: head.db_now,
             committed: head.committed_offset,
             retry_count: head.batch_retry_count,
             next_offset: head.next_offset,

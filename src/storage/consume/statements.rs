@@ -2,7 +2,6 @@
 //! and the hand-off claim with the rows they return, and the fragments other claimers share
 //! (`claimed_deleted!`, `claimed_segments!`, used by the grouped claims and the claims ahead).
 
-use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 /// The columns of [`Candidate`], joined for the group in `$2`; callers add WHERE/ORDER.
@@ -127,6 +126,19 @@ impl<I: Iterator<Item = (i64, i64, i64)>> From<I> for HeldRuns {
     }
 }
 
+/// On a queue with delayed processing: the first of the segments `$2` of partition `$1` whose
+/// delay of `$3` seconds, counted from its commit by PostgreSQL's clock, has not ended, and
+/// when it ends. A broker's clock (the frames' arrival times) never decides a delay: it may be
+/// off from PostgreSQL's or jump.
+pub(crate) const HELD_BACK_SQL: &str = "
+SELECT base_offset, created_at + make_interval(secs => $3) AS visible_at
+  FROM queen.segments
+ WHERE partition_id = $1
+   AND base_offset = ANY($2)
+   AND created_at + make_interval(secs => $3) > now()
+ ORDER BY base_offset
+ LIMIT 1";
+
 /// Partitions whose cached segments are named to [`READY_SQL`] as not to be sent (those
 /// given segments most recently: what live consumers read).
 pub(crate) const HELD_PARTITIONS: usize = 1024;
@@ -211,7 +223,7 @@ claim AS (
  RETURNING c.partition_id, p.uuid, p.name, c.committed_offset, c.batch_retry_count,
            p.next_offset, c.leased_to
 )
-SELECT q.id AS queue_id, q.lease_time, now() AS db_now,
+SELECT q.id AS queue_id, q.lease_time,
        claim.partition_id, claim.uuid, claim.name, claim.committed_offset,
        claim.batch_retry_count, claim.next_offset,
 ",
@@ -340,7 +352,6 @@ target AS (
 pub struct ReadyRow {
     pub(crate) queue_id: i64,
     pub(crate) lease_time: i32,
-    pub(crate) db_now: DateTime<Utc>,
     pub(crate) partition_id: i64,
     pub(crate) uuid: Uuid,
     pub(crate) name: String,
