@@ -325,6 +325,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     ));
 
     actix_web::rt::spawn(check_key(pool.clone(), payload_key.clone()));
+    actix_web::rt::spawn(check_durability(pool.clone()));
 
     actix_web::rt::spawn(storage::push::dedup::sweep_loop(
         pool.clone(),
@@ -669,6 +670,26 @@ async fn check_key(pool: PgPool, key: Option<PayloadKey>) {
             "QUEEN_ENCRYPTION_KEY does not open the newest encrypted message of this queue; \
              encrypted messages are not delivered until the broker has the key they were sealed with"),
         Err(e) => tracing::warn!(error = %e, "the encryption key could not be checked at start"),
+    }
+}
+
+/// Logs what the database's settings promise about a commit answered `queued`
+/// (`storage::cluster::durability`): a warning for each guarantee of docs/reliability.md that
+/// they cannot give.
+async fn check_durability(pool: PgPool) {
+    use crate::storage::cluster::durability::{self, Level};
+    match durability::read(&pool).await {
+        Ok(found) => {
+            for (level, text) in found.findings() {
+                match level {
+                    Level::Warn => tracing::warn!(settings = ?found, "{text}"),
+                    Level::Info => tracing::info!("{text}"),
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the database's durability settings could not be read at start")
+        }
     }
 }
 

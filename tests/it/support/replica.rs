@@ -1,7 +1,9 @@
 //! A PostgreSQL primary with a streaming standby, both throwaway clusters on loopback made by
 //! the test (`pg_basebackup -R` from the primary), and the steps of a switchover: the old
-//! primary made read-only, the standby caught up and promoted, the old primary stopped.
-//! Both are durable (fsync on): what a broker answered `queued` is on disk.
+//! primary made read-only, the standby caught up and promoted, the old primary stopped; or a
+//! failover: the primary crashes and the standby is promoted with what it has. Replication is
+//! asynchronous unless [`ReplicaPair::make_synchronous`] is called. Both are durable (fsync
+//! on): what a broker answered `queued` is on disk.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -85,6 +87,64 @@ impl ReplicaPair {
                 "the standby did not replay up to {lsn} within 30 s"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Turns replication synchronous (`synchronous_standby_names = '*'`, `synchronous_commit`
+    /// stays `on`: a commit returns once the standby has flushed it) and waits until the
+    /// primary reports its standby as `sync` (bounded).
+    pub async fn make_synchronous(&self) {
+        let mut conn = PgConnection::connect(&self.primary.url("postgres"))
+            .await
+            .expect("primary answers");
+        sqlx::query("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            .execute(&mut conn)
+            .await
+            .expect("ALTER SYSTEM");
+        sqlx::query("SELECT pg_reload_conf()")
+            .execute(&mut conn)
+            .await
+            .expect("reload");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let sync: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
+            )
+            .fetch_one(&mut conn)
+            .await
+            .expect("pg_stat_replication");
+            if sync == 1 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the standby did not become synchronous within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until the primary sees its standby streaming (bounded).
+    pub async fn streaming(&self) {
+        let mut conn = PgConnection::connect(&self.primary.url("postgres"))
+            .await
+            .expect("primary answers");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'",
+            )
+            .fetch_one(&mut conn)
+            .await
+            .expect("pg_stat_replication");
+            if n == 1 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the standby did not stream within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
