@@ -34,6 +34,7 @@ mod features;
 mod fuzz_corpus;
 mod grafana;
 mod groups_basic;
+mod ha_failover;
 mod history;
 mod hostile_input;
 mod kafka;

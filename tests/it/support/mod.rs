@@ -12,7 +12,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub mod auth;
+pub mod autofailover;
 pub mod consuming;
+pub mod load;
 pub mod proxy;
 pub mod replica;
 pub mod tls;
