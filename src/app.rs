@@ -379,6 +379,11 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
             .clone()
             .watch(pool.clone(), settings.primary_check_every),
     );
+    actix_web::rt::spawn(
+        primary
+            .clone()
+            .watch_split_brain(settings.primary_check_every),
+    );
 
     let ack_pool = storage::ack_pool(&primary, &settings, ACK_WORKERS);
     let broker_id = format!("broker-{}", uuid::Uuid::new_v4().simple());

@@ -201,7 +201,7 @@ variables! {
     DB_STATEMENT_TIMEOUT, "db_statement_timeout", Value("30000"), Millis, "statement timeout of every session";
     DB_LOCK_TIMEOUT, "db_lock_timeout", Value("10000"), Millis, "lock timeout of every session";
     DB_CONNECTION_TIMEOUT, "db_connection_timeout", Value("2000"), Millis, "connect timeout";
-    QUEEN_PRIMARY_CHECK_MS, "queen_primary_check_ms", Value("1000"), Millis, "with several database hosts: how often the broker checks that its host still accepts writes (a failed commit checks at once)";
+    QUEEN_PRIMARY_CHECK_MS, "queen_primary_check_ms", Value("1000"), Millis, "with several database hosts: how often the broker checks that its host still accepts writes (a failed commit checks at once) and that no other host accepts writes on a newer timeline (a promotion without fencing)";
     QUEEN_PRIVATE_PG_DIR, "queen_private_pg_dir", Value(".queen/postgres"), Path, "data folder of the private PostgreSQL";
     QUEEN_PRIVATE_PG_PROBE, "queen_private_pg_probe", Value("127.0.0.1:5432"), Text, "where a local PostgreSQL is looked for before a private one is started";
     QUEEN_COMMITTERS, "queen_committers", Value("2"), Count, "committer actors, each with its own connection";

@@ -24,6 +24,14 @@
 //!   meanwhile, so their pushes are spooled (`buffered`) and replayed once the new primary
 //!   answers, and pops answer 503 until then.
 //!
+//! - [`Primary::watch_split_brain`] (a second task, only with more than one host) looks every
+//!   `QUEEN_PRIMARY_CHECK_MS` for the case the first cannot see: the current host still
+//!   accepts writes, but another host does too, on a newer timeline (a standby promoted while
+//!   the old primary was not fenced). It switches to the newer timeline and says so at error
+//!   level: what the broker committed on the old primary since the promotion is on a timeline
+//!   that the new primary does not have. The window is this check's period, where without it
+//!   the broker would write to the old primary until something stopped it.
+//!
 //! The broker always looks for a host that accepts writes (it writes on every path), so
 //! `target_session_attrs` may be `read-write`, `primary` or `any` (or absent); `read-only`,
 //! `standby` and `prefer-standby` are refused at start with a clear message.
@@ -325,18 +333,79 @@ impl Primary {
     ///
     /// When the host cannot be reached or does not answer within the connect timeout.
     pub async fn accepts_writes(&self, index: usize) -> Result<bool, StorageError> {
+        Ok(self.probe(index).await?.writable)
+    }
+
+    /// What host `index` says about itself, through a fresh connection.
+    async fn probe(&self, index: usize) -> Result<HostState, StorageError> {
         let options = &self.hosts[index];
         let probe = async {
             let mut conn = PgConnection::connect_with(options).await?;
-            let writable = writable(&mut conn).await;
+            let state = host_state(&mut conn).await;
             let _ = conn.close().await;
-            writable
+            state
         };
         match tokio::time::timeout(self.connect_timeout.max(Duration::from_millis(200)), probe)
             .await
         {
             Ok(result) => result,
             Err(_) => Err(StorageError::Database(sqlx::Error::PoolTimedOut)),
+        }
+    }
+
+    /// Another host that accepts writes on a newer timeline than the current host, which
+    /// still accepts writes too: `(index, current timeline, its timeline)`. `None` when the
+    /// current host does not accept writes (that is [`Primary::watch`]'s case) or no other
+    /// host is newer.
+    pub async fn newer_primary(&self) -> Option<(usize, i64, i64)> {
+        let current = self.current.load(Ordering::Acquire);
+        let here = self.probe(current).await.ok()?;
+        let here_timeline = here.timeline.filter(|_| here.writable)?;
+        for index in (0..self.hosts.len()).filter(|&i| i != current) {
+            if let Ok(HostState {
+                writable: true,
+                timeline: Some(timeline),
+            }) = self.probe(index).await
+            {
+                if timeline > here_timeline {
+                    return Some((index, here_timeline, timeline));
+                }
+            }
+        }
+        None
+    }
+
+    /// Every `every`, [`Primary::newer_primary`]; switches to it when found (see the module
+    /// docs). Returns at once with a single host, and after [`Primary::stop`].
+    pub async fn watch_split_brain(self: Arc<Self>, every: Duration) {
+        if !self.several() {
+            return;
+        }
+        loop {
+            tokio::time::sleep(every).await;
+            if self.stopped.load(Ordering::Acquire) {
+                return;
+            }
+            let from = self.current.load(Ordering::Acquire);
+            let Some((index, old_timeline, new_timeline)) = self.newer_primary().await else {
+                continue;
+            };
+            if self.current.load(Ordering::Acquire) != from || self.stopped.load(Ordering::Acquire)
+            {
+                continue;
+            }
+            tracing::error!(
+                old = %self.current_host(),
+                old_timeline,
+                new = %self.host_list()[index],
+                new_timeline,
+                "two database hosts accept writes (a standby was promoted and the old primary \
+                 was not fenced); switching to the newer timeline. What was committed on the \
+                 old primary since the promotion is not on the new one: fence the old primary"
+            );
+            self.switch_to(index);
+            tokio::time::sleep(self.connect_timeout).await;
+            self.mark_switch();
         }
     }
 
@@ -462,6 +531,31 @@ impl Primary {
             Ok(Ok(true))
         )
     }
+}
+
+/// What a server says about itself: whether it accepts writes, and on which timeline it
+/// writes (`None` on a standby). The timeline is the first 8 hex digits of the name of the WAL
+/// file being written; a promotion starts a new, higher one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct HostState {
+    writable: bool,
+    timeline: Option<i64>,
+}
+
+async fn host_state(conn: &mut PgConnection) -> Result<HostState, StorageError> {
+    let (in_recovery, read_only, timeline): (bool, String, Option<i64>) = sqlx::query_as(
+        "SELECT pg_is_in_recovery(),
+                current_setting('transaction_read_only'),
+                CASE WHEN pg_is_in_recovery() THEN NULL
+                     ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
+                END",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(HostState {
+        writable: !in_recovery && read_only == "off",
+        timeline,
+    })
 }
 
 /// Whether the session's server accepts writes: not a standby, not read-only by default.
