@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::autofailover::Formation;
 use crate::support::load::{check_consumed, check_stored, ms, not_acked, Load, Tally};
-use crate::support::{eventually, spawn_app_with, test_settings, TestDb};
+use crate::support::{spawn_app_with, test_settings, TestDb};
 
 /// What a run saw.
 struct Run {
@@ -54,31 +54,12 @@ async fn run(synchronous: bool) -> Option<Run> {
     let died_at = Instant::now();
     // A few milliseconds of kill(1) and pkill(1): run on the test's thread.
     formation.kill_node(0);
-    for app in load.apps.iter() {
-        let (primary, new) = (&app.broker.primary, &new);
-        eventually(
-            Duration::from_secs(60),
-            "the broker switches to the node pg_auto_failover promoted",
-            || async move { (primary.current_host() == *new).then_some(()) },
-        )
-        .await;
-    }
+    load.all_on(&new, Duration::from_secs(60)).await;
     let switched = died_at.elapsed();
     // From here on: the first push answered `queued` and the first delivery (answers to
     // commits made on the old primary before it died may still arrive just after the kill).
     let watch_from = load.watch_resume();
-    let tally = &load.tally;
-    eventually(
-        Duration::from_secs(30),
-        "pushes are queued and pops deliver again",
-        || async move {
-            let t = tally.borrow();
-            (t.pushes_resumed_at.is_some_and(|at| at > watch_from)
-                && t.pops_resumed_at.is_some_and(|at| at > watch_from))
-            .then_some(())
-        },
-    )
-    .await;
+    load.resumed_after(watch_from).await;
     load.accepted_more(1_000).await;
     let apps = load.apps.clone();
     let (produced, tally, elapsed) = load.finish().await;

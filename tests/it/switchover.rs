@@ -98,18 +98,7 @@ async fn a_primary_switchover_loses_nothing() {
             "no switch counted: {text}"
         );
     }
-    let tally = &load.tally;
-    eventually(
-        Duration::from_secs(20),
-        "pushes are queued and pops deliver again",
-        || async move {
-            let t = tally.borrow();
-            (t.pushes_resumed_at.is_some_and(|at| at > promoted)
-                && t.pops_resumed_at.is_some_and(|at| at > promoted))
-            .then_some(())
-        },
-    )
-    .await;
+    load.resumed_after(promoted).await;
     load.accepted_more(1_000).await;
     let apps = load.apps.clone();
     let (produced, tally, elapsed) = load.finish().await;
@@ -234,27 +223,8 @@ async fn failover(synchronous: bool) -> Failover {
     let standby = pair.standby.clone();
     blocking(move || standby.promote()).await;
     let promoted = load.watch_resume();
-    for app in load.apps.iter() {
-        let (primary, new) = (&app.broker.primary, &new);
-        eventually(
-            Duration::from_secs(20),
-            "the broker switches to the promoted standby",
-            || async move { (primary.current_host() == *new).then_some(()) },
-        )
-        .await;
-    }
-    let tally = &load.tally;
-    eventually(
-        Duration::from_secs(20),
-        "pushes are queued and pops deliver again",
-        || async move {
-            let t = tally.borrow();
-            (t.pushes_resumed_at.is_some_and(|at| at > promoted)
-                && t.pops_resumed_at.is_some_and(|at| at > promoted))
-            .then_some(())
-        },
-    )
-    .await;
+    load.all_on(&new, Duration::from_secs(20)).await;
+    load.resumed_after(promoted).await;
     load.accepted_more(1_000).await;
     let apps = load.apps.clone();
     let (produced, tally, elapsed) = load.finish().await;
@@ -358,15 +328,7 @@ async fn a_standby_promoted_without_fencing_is_followed_to_the_newer_timeline() 
     let standby = pair.standby.clone();
     blocking(move || standby.promote()).await;
     let promoted = Instant::now();
-    for app in load.apps.iter() {
-        let (primary, new) = (&app.broker.primary, &new);
-        eventually(
-            Duration::from_secs(20),
-            "the broker leaves the old primary for the newer timeline",
-            || async move { (primary.current_host() == *new).then_some(()) },
-        )
-        .await;
-    }
+    load.all_on(&new, Duration::from_secs(20)).await;
     let followed = promoted.elapsed();
     // The operator fences the old primary afterwards.
     let old_primary = pair.primary.clone();
@@ -439,18 +401,7 @@ async fn three_brokers_ride_through_a_postgresql_restart() {
     let pg = cluster.clone();
     blocking(move || pg.start(true)).await;
     let restarted = load.watch_resume();
-    let tally = &load.tally;
-    eventually(
-        Duration::from_secs(20),
-        "pushes are queued and pops deliver again",
-        || async move {
-            let t = tally.borrow();
-            (t.pushes_resumed_at.is_some_and(|at| at > restarted)
-                && t.pops_resumed_at.is_some_and(|at| at > restarted))
-            .then_some(())
-        },
-    )
-    .await;
+    load.resumed_after(restarted).await;
     load.accepted_more(1_000).await;
     let (produced, tally, elapsed) = load.finish().await;
     let total: usize = produced.iter().sum();

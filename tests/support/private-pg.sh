@@ -2,7 +2,8 @@
 # a throwaway PostgreSQL cluster from the local server binaries in the caller's temp dir.
 #
 #   free_port                   prints a free TCP port on 127.0.0.1
-#   start_private_pg TAG        initdb + start in "$tmp/pg" (fsync off, socket in "$tmp"); sets
+#   start_private_pg TAG        initdb + start in "$tmp/pg" (fsync off unless PRIVATE_PG_DURABLE=1,
+#                               socket in "$tmp"); sets
 #                               pg_port, pg_ctl_cmd (the pg_ctl to call, as the postgres user
 #                               when run as root), psql_bin (the psql beside that pg_ctl) and
 #                               exports DATABASE_URL; TAG prefixes messages
@@ -34,8 +35,11 @@ start_private_pg() {
     "${as_pg[@]}" "$pgbin/initdb" -D "$tmp/pg" -U postgres --auth=trust >"$tmp/initdb.log" 2>&1 \
         || { cat "$tmp/initdb.log" >&2; exit 2; }
     pg_ctl_cmd=("${as_pg[@]}" "$pgbin/pg_ctl")
+    local durability="-c fsync=off"
+    [ "${PRIVATE_PG_DURABLE:-0}" = 1 ] && durability=""
     "${pg_ctl_cmd[@]}" -D "$tmp/pg" -l "$tmp/pg/server.log" -w \
-        -o "-p $pg_port -k $tmp -c listen_addresses=127.0.0.1 -c fsync=off" start >/dev/null
+        -o "-p $pg_port -k $tmp -c listen_addresses=127.0.0.1 -c max_connections=300 $durability" \
+        start >/dev/null
     export DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/postgres"
     echo "$tag: private PostgreSQL on port $pg_port"
 }

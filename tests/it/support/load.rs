@@ -280,6 +280,35 @@ impl Load {
         now
     }
 
+    /// Waits until every broker writes to `host` (`host:port`), bounded by `within`.
+    pub async fn all_on(&self, host: &str, within: Duration) {
+        for app in self.apps.iter() {
+            let primary = &app.broker.primary;
+            eventually(
+                within,
+                "the broker switches to the new primary",
+                || async move { (primary.current_host() == host).then_some(()) },
+            )
+            .await;
+        }
+    }
+
+    /// Waits until, after `from`, a push was answered `queued` and a pop delivered (20 s).
+    pub async fn resumed_after(&self, from: Instant) {
+        let tally = &self.tally;
+        eventually(
+            Duration::from_secs(20),
+            "pushes are queued and pops deliver again",
+            || async move {
+                let t = tally.borrow();
+                (t.pushes_resumed_at.is_some_and(|at| at > from)
+                    && t.pops_resumed_at.is_some_and(|at| at > from))
+                .then_some(())
+            },
+        )
+        .await;
+    }
+
     /// Stops the producers, waits for every spool to drain and the consumer to run dry;
     /// returns the keys produced per partition.
     pub async fn finish(self) -> (Vec<usize>, Shared, Duration) {

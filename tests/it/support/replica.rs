@@ -94,10 +94,24 @@ impl ReplicaPair {
     /// stays `on`: a commit returns once the standby has flushed it) and waits until the
     /// primary reports its standby as `sync` (bounded).
     pub async fn make_synchronous(&self) {
+        self.set_on_primary("synchronous_standby_names", "'*'")
+            .await;
+        self.one_standby_where("sync_state = 'sync'", "become synchronous")
+            .await;
+    }
+
+    /// Waits until the primary sees its standby streaming (bounded).
+    pub async fn streaming(&self) {
+        self.one_standby_where("state = 'streaming'", "stream")
+            .await;
+    }
+
+    /// `ALTER SYSTEM SET name = value` on the primary, then a reload.
+    async fn set_on_primary(&self, name: &str, value: &str) {
         let mut conn = PgConnection::connect(&self.primary.url("postgres"))
             .await
             .expect("primary answers");
-        sqlx::query("ALTER SYSTEM SET synchronous_standby_names = '*'")
+        sqlx::query(&format!("ALTER SYSTEM SET {name} = {value}"))
             .execute(&mut conn)
             .await
             .expect("ALTER SYSTEM");
@@ -105,35 +119,19 @@ impl ReplicaPair {
             .execute(&mut conn)
             .await
             .expect("reload");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let sync: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
-            )
-            .fetch_one(&mut conn)
-            .await
-            .expect("pg_stat_replication");
-            if sync == 1 {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the standby did not become synchronous within 30 s"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
     }
 
-    /// Waits until the primary sees its standby streaming (bounded).
-    pub async fn streaming(&self) {
+    /// Waits (30 s at most) until `pg_stat_replication` on the primary shows one standby
+    /// matching `condition`; `what` names it in the failure.
+    async fn one_standby_where(&self, condition: &str, what: &str) {
         let mut conn = PgConnection::connect(&self.primary.url("postgres"))
             .await
             .expect("primary answers");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let n: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'",
-            )
+            let n: i64 = sqlx::query_scalar(&format!(
+                "SELECT count(*) FROM pg_stat_replication WHERE {condition}"
+            ))
             .fetch_one(&mut conn)
             .await
             .expect("pg_stat_replication");
@@ -142,7 +140,7 @@ impl ReplicaPair {
             }
             assert!(
                 Instant::now() < deadline,
-                "the standby did not stream within 30 s"
+                "the standby did not {what} within 30 s"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -153,17 +151,11 @@ impl ReplicaPair {
     /// SQLSTATE 25006) and every client session is ended (so no read-write transaction that
     /// started before goes on).
     pub async fn make_primary_read_only(&self) {
+        self.set_on_primary("default_transaction_read_only", "on")
+            .await;
         let mut conn = PgConnection::connect(&self.primary.url("postgres"))
             .await
             .expect("primary answers");
-        sqlx::query("ALTER SYSTEM SET default_transaction_read_only = on")
-            .execute(&mut conn)
-            .await
-            .expect("ALTER SYSTEM");
-        sqlx::query("SELECT pg_reload_conf()")
-            .execute(&mut conn)
-            .await
-            .expect("reload");
         // The reload reaches the postmaster and every session asynchronously: give it a moment,
         // so every session started after the terminations below is read-only.
         tokio::time::sleep(Duration::from_millis(200)).await;
