@@ -16,8 +16,10 @@
 use std::time::{Duration, Instant};
 
 use crate::support::autofailover::Formation;
-use crate::support::load::{check_consumed, check_stored, ms, not_acked, Load, Tally};
-use crate::support::{spawn_app_with, test_settings, TestDb};
+use crate::support::load::{
+    check_consumed, check_stored, failover_brokers, ms, not_acked, Load, Tally,
+};
+use crate::support::TestDb;
 
 /// What a run saw.
 struct Run {
@@ -32,17 +34,7 @@ struct Run {
 /// not installed (and not required).
 async fn run(synchronous: bool) -> Option<Run> {
     let mut formation = Formation::start(synchronous).await?;
-    let extra = [
-        ("QUEEN_PRIMARY_CHECK_MS", "200"),
-        ("DB_CONNECTION_TIMEOUT", "1000"),
-        ("QUEEN_REPLAY_BACKOFF_MS", "50"),
-        ("QUEEN_COMMIT_TIMEOUT_MS", "5000"),
-    ];
-    let url = formation.url("queen");
-    let mut apps = Vec::new();
-    for _ in 0..2 {
-        apps.push(spawn_app_with(test_settings(&TestDb { url: url.clone() }, &extra)).await);
-    }
+    let apps = failover_brokers(&formation.url("queen"), 2).await;
     let old = format!("127.0.0.1:{}", formation.ports[0]);
     let new = format!("127.0.0.1:{}", formation.ports[1]);
     for app in &apps {

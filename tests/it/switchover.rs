@@ -35,24 +35,18 @@ use std::time::{Duration, Instant};
 use queen_broker::pg::{free_port, PrivateCluster};
 use uuid::Uuid;
 
-use crate::support::load::{blocking, check_consumed, check_stored, ms, not_acked, Load, Tally};
+use crate::support::load::{
+    blocking, check_consumed, check_stored, failover_brokers, ms, not_acked, Load, Tally,
+};
 use crate::support::replica::ReplicaPair;
-use crate::support::{eventually, spawn_app_with, test_settings, TestDb};
+use crate::support::{eventually, TestDb};
 
 #[actix_web::test]
 async fn a_primary_switchover_loses_nothing() {
     let pair = ReplicaPair::start();
-    let extra = [
-        ("QUEEN_PRIMARY_CHECK_MS", "200"),
-        ("DB_CONNECTION_TIMEOUT", "1000"),
-        ("QUEEN_REPLAY_BACKOFF_MS", "50"),
-        ("QUEEN_COMMIT_TIMEOUT_MS", "5000"),
-    ];
-    let mut apps = Vec::new();
+    let mut apps = failover_brokers(&pair.url("postgres"), 1).await;
     // The second broker lists the standby first: it must start on the primary all the same.
-    for url in [pair.url("postgres"), pair.url_standby_first("postgres")] {
-        apps.push(spawn_app_with(test_settings(&TestDb { url }, &extra)).await);
-    }
+    apps.extend(failover_brokers(&pair.url_standby_first("postgres"), 1).await);
     let old = format!("127.0.0.1:{}", pair.primary.port);
     let new = format!("127.0.0.1:{}", pair.standby.port);
     for app in &apps {
@@ -194,24 +188,7 @@ async fn failover(synchronous: bool) -> Failover {
         .any(|(level, text)| *level == Level::Warn && text.contains("replicate asynchronously"));
     assert_eq!(warned, !synchronous, "{:?}", settings.findings());
 
-    let extra = [
-        ("QUEEN_PRIMARY_CHECK_MS", "200"),
-        ("DB_CONNECTION_TIMEOUT", "1000"),
-        ("QUEEN_REPLAY_BACKOFF_MS", "50"),
-        ("QUEEN_COMMIT_TIMEOUT_MS", "5000"),
-    ];
-    let mut apps = Vec::new();
-    for _ in 0..2 {
-        apps.push(
-            spawn_app_with(test_settings(
-                &TestDb {
-                    url: pair.url("postgres"),
-                },
-                &extra,
-            ))
-            .await,
-        );
-    }
+    let apps = failover_brokers(&pair.url("postgres"), 2).await;
     let new = format!("127.0.0.1:{}", pair.standby.port);
     let load = Load::start(apps, 4).await;
     load.accepted_more(1_000).await;
@@ -302,24 +279,7 @@ async fn a_failover_with_asynchronous_replication_is_measured() {
 async fn a_standby_promoted_without_fencing_is_followed_to_the_newer_timeline() {
     let pair = ReplicaPair::start();
     pair.streaming().await;
-    let extra = [
-        ("QUEEN_PRIMARY_CHECK_MS", "200"),
-        ("DB_CONNECTION_TIMEOUT", "1000"),
-        ("QUEEN_REPLAY_BACKOFF_MS", "50"),
-        ("QUEEN_COMMIT_TIMEOUT_MS", "5000"),
-    ];
-    let mut apps = Vec::new();
-    for _ in 0..2 {
-        apps.push(
-            spawn_app_with(test_settings(
-                &TestDb {
-                    url: pair.url("postgres"),
-                },
-                &extra,
-            ))
-            .await,
-        );
-    }
+    let apps = failover_brokers(&pair.url("postgres"), 2).await;
     let new = format!("127.0.0.1:{}", pair.standby.port);
     let load = Load::start(apps, 4).await;
     load.accepted_more(1_000).await;
@@ -382,15 +342,7 @@ async fn three_brokers_ride_through_a_postgresql_restart() {
     let db = TestDb {
         url: cluster.url("postgres"),
     };
-    let extra = [
-        ("DB_CONNECTION_TIMEOUT", "1000"),
-        ("QUEEN_REPLAY_BACKOFF_MS", "50"),
-        ("QUEEN_COMMIT_TIMEOUT_MS", "5000"),
-    ];
-    let mut apps = Vec::new();
-    for _ in 0..3 {
-        apps.push(spawn_app_with(test_settings(&db, &extra)).await);
-    }
+    let apps = failover_brokers(&db.url, 3).await;
     let load = Load::start(apps, 6).await;
     load.accepted_more(1_000).await;
 

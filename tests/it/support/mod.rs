@@ -348,12 +348,13 @@ impl TestApp {
             .insert_header(("content-type", "application/json"))
             .send_body(body)
             .await
-            .expect("request sent");
+            .unwrap_or_else(|e| panic!("POST {path}: request not sent: {e}"));
+        let status = res.status();
         let bytes = res
             .body()
             .limit(256 * 1024 * 1024)
             .await
-            .expect("body read");
+            .unwrap_or_else(|e| panic!("POST {path}: body of the {status} answer not read: {e}"));
         Reply {
             status: res.status().as_u16(),
             body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
@@ -367,18 +368,40 @@ impl TestApp {
         method: awc::http::Method,
         path: &str,
     ) -> (u16, bytes::Bytes, awc::http::header::HeaderMap) {
+        self.try_bodyless(method, path)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`TestApp::bodyless`], with a transport failure (no answer, a body cut off) as an error
+    /// that names the request.
+    async fn try_bodyless(
+        &self,
+        method: awc::http::Method,
+        path: &str,
+    ) -> Result<(u16, bytes::Bytes, awc::http::header::HeaderMap), String> {
         let mut res = self
             .client
-            .request(method, format!("{}{path}", self.base))
+            .request(method.clone(), format!("{}{path}", self.base))
             .send()
             .await
-            .expect("request sent");
-        let bytes = res
-            .body()
-            .limit(256 * 1024 * 1024)
-            .await
-            .expect("body read");
-        (res.status().as_u16(), bytes, res.headers().clone())
+            .map_err(|e| format!("{method} {path}: request not sent: {e}"))?;
+        let status = res.status();
+        let bytes =
+            res.body().limit(256 * 1024 * 1024).await.map_err(|e| {
+                format!("{method} {path}: body of the {status} answer not read: {e}")
+            })?;
+        Ok((status.as_u16(), bytes, res.headers().clone()))
+    }
+
+    /// GETs a path; a transport failure is an `Err` naming it, not a panic.
+    pub async fn try_get(&self, path: &str) -> Result<Reply, String> {
+        let (status, bytes, headers) = self.try_bodyless(awc::http::Method::GET, path).await?;
+        Ok(Reply {
+            status,
+            body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            headers,
+        })
     }
 
     /// GETs a path.
