@@ -382,7 +382,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     actix_web::rt::spawn(
         primary
             .clone()
-            .watch_split_brain(settings.primary_check_every),
+            .watch_split_brain(pool.clone(), settings.primary_check_every),
     );
 
     let ack_pool = storage::ack_pool(&primary, &settings, ACK_WORKERS);

@@ -66,7 +66,8 @@ pub fn find_bin_dir() -> Option<PathBuf> {
     versions.pop().map(|(_, bin)| bin)
 }
 
-fn running_as_root() -> bool {
+/// Whether this process runs as root (PostgreSQL's tools must then run as `postgres`).
+pub fn running_as_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()

@@ -16,23 +16,12 @@
 use std::time::{Duration, Instant};
 
 use crate::support::autofailover::Formation;
-use crate::support::load::{
-    check_consumed, check_stored, failover_brokers, ms, not_acked, Load, Tally,
-};
+use crate::support::load::{check_consumed, failover_brokers, ms, Load, Outcome};
 use crate::support::TestDb;
-
-/// What a run saw.
-struct Run {
-    lost: usize,
-    twice: usize,
-    order: usize,
-    tally: Tally,
-    unexplained: Vec<String>,
-}
 
 /// Two brokers under load on a formation whose primary then dies; `None` when pg_autoctl is
 /// not installed (and not required).
-async fn run(synchronous: bool) -> Option<Run> {
+async fn run(synchronous: bool) -> Option<Outcome> {
     let mut formation = Formation::start(synchronous).await?;
     let apps = failover_brokers(&formation.url("queen"), 2).await;
     let old = format!("127.0.0.1:{}", formation.ports[0]);
@@ -54,14 +43,19 @@ async fn run(synchronous: bool) -> Option<Run> {
     load.resumed_after(watch_from).await;
     load.accepted_more(1_000).await;
     let apps = load.apps.clone();
-    let (produced, tally, elapsed) = load.finish().await;
-    let total: usize = produced.iter().sum();
     let db = TestDb {
         url: formation.node_url(1, "queen"),
     };
-    let (lost, twice, order) = check_stored(&db, &produced).await;
-    let t = std::mem::take(&mut *tally.borrow_mut());
-    let (lost_answers, unexplained) = not_acked(&t, &produced, &db).await;
+    let Outcome {
+        total,
+        elapsed,
+        lost,
+        twice,
+        order,
+        tally: t,
+        lost_answers,
+        unexplained,
+    } = load.finish_checked(&db).await;
     let states = formation.states().await;
     eprintln!(
         "ha failover (pg_auto_failover, {} standby): {total} messages through 2 \
@@ -99,11 +93,14 @@ async fn run(synchronous: bool) -> Option<Run> {
         t.buffered > 0,
         "pushes while no node took writes were spooled (answered buffered)"
     );
-    Some(Run {
+    Some(Outcome {
+        total,
+        elapsed,
         lost,
         twice,
         order,
         tally: t,
+        lost_answers,
         unexplained,
     })
 }

@@ -35,9 +35,7 @@ use std::time::{Duration, Instant};
 use queen_broker::pg::{free_port, PrivateCluster};
 use uuid::Uuid;
 
-use crate::support::load::{
-    blocking, check_consumed, check_stored, failover_brokers, ms, not_acked, Load, Tally,
-};
+use crate::support::load::{blocking, check_consumed, failover_brokers, ms, Load, Outcome};
 use crate::support::replica::ReplicaPair;
 use crate::support::{eventually, TestDb};
 
@@ -95,14 +93,19 @@ async fn a_primary_switchover_loses_nothing() {
     load.resumed_after(promoted).await;
     load.accepted_more(1_000).await;
     let apps = load.apps.clone();
-    let (produced, tally, elapsed) = load.finish().await;
-    let total: usize = produced.iter().sum();
     let db = TestDb {
         url: pair.standby.url("postgres"),
     };
-    let (lost, twice, order) = check_stored(&db, &produced).await;
-    let t = std::mem::take(&mut *tally.borrow_mut());
-    let (lost_answers, unexplained) = not_acked(&t, &produced, &db).await;
+    let Outcome {
+        total,
+        elapsed,
+        lost,
+        twice,
+        order,
+        tally: t,
+        lost_answers,
+        unexplained,
+    } = load.finish_checked(&db).await;
     let pushes_resumed = t.pushes_resumed_at.expect("pushes resumed");
     let pops_resumed = t.pops_resumed_at.expect("pops resumed");
     eprintln!(
@@ -146,19 +149,9 @@ async fn a_primary_switchover_loses_nothing() {
     }
 }
 
-/// What a failover run saw (see [`failover`]).
-struct Failover {
-    lost: usize,
-    twice: usize,
-    order: usize,
-    tally: Tally,
-    unexplained: Vec<String>,
-    total: usize,
-}
-
 /// Two brokers on the pair under load; the primary crashes and the standby is promoted at once.
 /// Prints the run's numbers.
-async fn failover(synchronous: bool) -> Failover {
+async fn failover(synchronous: bool) -> Outcome {
     use queen_broker::storage::cluster::durability::{self, Level};
     let pair = ReplicaPair::start();
     pair.streaming().await;
@@ -204,14 +197,19 @@ async fn failover(synchronous: bool) -> Failover {
     load.resumed_after(promoted).await;
     load.accepted_more(1_000).await;
     let apps = load.apps.clone();
-    let (produced, tally, elapsed) = load.finish().await;
-    let total: usize = produced.iter().sum();
     let db = TestDb {
         url: pair.standby.url("postgres"),
     };
-    let (lost, twice, order) = check_stored(&db, &produced).await;
-    let t = std::mem::take(&mut *tally.borrow_mut());
-    let (lost_answers, unexplained) = not_acked(&t, &produced, &db).await;
+    let Outcome {
+        total,
+        elapsed,
+        lost,
+        twice,
+        order,
+        tally: t,
+        lost_answers,
+        unexplained,
+    } = load.finish_checked(&db).await;
     let pushes_resumed = t.pushes_resumed_at.expect("pushes resumed");
     eprintln!(
         "failover ({} replication): {total} messages through 2 brokers in {:.1} s; crash to \
@@ -243,13 +241,15 @@ async fn failover(synchronous: bool) -> Failover {
     for app in apps.iter() {
         assert_eq!(app.broker.state.spool.state.records(), 0, "spools drained");
     }
-    Failover {
+    Outcome {
+        total,
+        elapsed,
         lost,
         twice,
         order,
         tally: t,
+        lost_answers,
         unexplained,
-        total,
     }
 }
 
@@ -295,13 +295,18 @@ async fn a_standby_promoted_without_fencing_is_followed_to_the_newer_timeline() 
     blocking(move || old_primary.stop(false)).await;
     load.accepted_more(1_000).await;
     let apps = load.apps.clone();
-    let (produced, tally, elapsed) = load.finish().await;
-    let total: usize = produced.iter().sum();
     let db = TestDb {
         url: pair.standby.url("postgres"),
     };
-    let (lost, twice, order) = check_stored(&db, &produced).await;
-    let t = std::mem::take(&mut *tally.borrow_mut());
+    let Outcome {
+        total,
+        elapsed,
+        lost,
+        twice,
+        order,
+        tally: t,
+        ..
+    } = load.finish_checked(&db).await;
     eprintln!(
         "split brain: {total} messages through 2 brokers in {:.1} s; both brokers on the newer \
          timeline {} ms after the promotion; lost {lost} (committed on the old primary in that \
@@ -355,11 +360,16 @@ async fn three_brokers_ride_through_a_postgresql_restart() {
     let restarted = load.watch_resume();
     load.resumed_after(restarted).await;
     load.accepted_more(1_000).await;
-    let (produced, tally, elapsed) = load.finish().await;
-    let total: usize = produced.iter().sum();
-    let (lost, twice, order) = check_stored(&db, &produced).await;
-    let t = std::mem::take(&mut *tally.borrow_mut());
-    let (lost_answers, unexplained) = not_acked(&t, &produced, &db).await;
+    let Outcome {
+        total,
+        elapsed,
+        lost,
+        twice,
+        order,
+        tally: t,
+        lost_answers,
+        unexplained,
+    } = load.finish_checked(&db).await;
     eprintln!(
         "restart: {total} messages through 3 brokers in {:.1} s; PostgreSQL down {} ms; pushes \
          queued again {} ms after the restart; {} items buffered, {} push retries, {} pop errors; \

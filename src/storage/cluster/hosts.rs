@@ -356,10 +356,11 @@ impl Primary {
     /// Another host that accepts writes on a newer timeline than the current host, which
     /// still accepts writes too: `(index, current timeline, its timeline)`. `None` when the
     /// current host does not accept writes (that is [`Primary::watch`]'s case) or no other
-    /// host is newer.
-    pub async fn newer_primary(&self) -> Option<(usize, i64, i64)> {
+    /// host is newer. The current host is asked through `pool`, each other one through a
+    /// fresh connection.
+    pub async fn newer_primary(&self, pool: &PgPool) -> Option<(usize, i64, i64)> {
         let current = self.current.load(Ordering::Acquire);
-        let here = self.probe(current).await.ok()?;
+        let here = self.pool_state(pool).await?;
         let here_timeline = here.timeline.filter(|_| here.writable)?;
         for index in (0..self.hosts.len()).filter(|&i| i != current) {
             if let Ok(HostState {
@@ -375,9 +376,10 @@ impl Primary {
         None
     }
 
-    /// Every `every`, [`Primary::newer_primary`]; switches to it when found (see the module
-    /// docs). Returns at once with a single host, and after [`Primary::stop`].
-    pub async fn watch_split_brain(self: Arc<Self>, every: Duration) {
+    /// Every `every`, [`Primary::newer_primary`] (the current host asked through `pool`);
+    /// switches to it when found (see the module docs). Returns at once with a single host,
+    /// and after [`Primary::stop`].
+    pub async fn watch_split_brain(self: Arc<Self>, pool: PgPool, every: Duration) {
         if !self.several() {
             return;
         }
@@ -387,7 +389,7 @@ impl Primary {
                 return;
             }
             let from = self.current.load(Ordering::Acquire);
-            let Some((index, old_timeline, new_timeline)) = self.newer_primary().await else {
+            let Some((index, old_timeline, new_timeline)) = self.newer_primary(&pool).await else {
                 continue;
             };
             if self.current.load(Ordering::Acquire) != from || self.stopped.load(Ordering::Acquire)
@@ -522,14 +524,23 @@ impl Primary {
 
     /// The periodic check: the current host, through the shared pool, still accepts writes.
     async fn pool_says_writable(&self, pool: &PgPool) -> bool {
+        matches!(
+            self.pool_state(pool).await,
+            Some(HostState { writable: true, .. })
+        )
+    }
+
+    /// What the current host says about itself, through the shared pool (no new connection);
+    /// `None` when it does not answer within the connect timeout.
+    async fn pool_state(&self, pool: &PgPool) -> Option<HostState> {
         let check = async {
             let mut conn = pool.acquire().await?;
-            writable(&mut conn).await
+            host_state(&mut conn).await
         };
-        matches!(
-            tokio::time::timeout(self.connect_timeout.max(Duration::from_millis(200)), check).await,
-            Ok(Ok(true))
-        )
+        tokio::time::timeout(self.connect_timeout.max(Duration::from_millis(200)), check)
+            .await
+            .ok()?
+            .ok()
     }
 }
 
@@ -556,17 +567,6 @@ async fn host_state(conn: &mut PgConnection) -> Result<HostState, StorageError> 
         writable: !in_recovery && read_only == "off",
         timeline,
     })
-}
-
-/// Whether the session's server accepts writes: not a standby, not read-only by default.
-async fn writable(conn: &mut PgConnection) -> Result<bool, StorageError> {
-    let (in_recovery, read_only): (bool, String) = sqlx::query_as(
-        "SELECT pg_is_in_recovery(),
-                current_setting('transaction_read_only')",
-    )
-    .fetch_one(&mut *conn)
-    .await?;
-    Ok(!in_recovery && read_only == "off")
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use queen_broker::pg::{find_bin_dir, free_port};
+use queen_broker::pg::{find_bin_dir, free_port, running_as_root};
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
@@ -38,14 +38,6 @@ pub fn pg_autoctl() -> Option<PathBuf> {
         .ok()?;
     let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
     (out.status.success() && !path.is_empty()).then(|| PathBuf::from(path))
-}
-
-fn running_as_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
 }
 
 /// A monitor and two nodes, `n1` (the first primary) and `n2`.

@@ -338,6 +338,43 @@ impl Load {
     }
 }
 
+/// What a run left behind, as [`Load::finish_checked`] found it.
+pub struct Outcome {
+    /// Keys produced, all partitions.
+    pub total: usize,
+    /// From the start of the load to the consumer running dry.
+    pub elapsed: Duration,
+    /// [`check_stored`]'s counts.
+    pub lost: usize,
+    pub twice: usize,
+    pub order: usize,
+    /// What producers and the consumer saw.
+    pub tally: Tally,
+    /// [`not_acked`]'s counts: acks whose answer was lost, keys never acked unexplained.
+    pub lost_answers: usize,
+    pub unexplained: Vec<String>,
+}
+
+impl Load {
+    /// [`Load::finish`], then the checks on what `db` stores ([`check_stored`], [`not_acked`]).
+    pub async fn finish_checked(self, db: &TestDb) -> Outcome {
+        let (produced, tally, elapsed) = self.finish().await;
+        let (lost, twice, order) = check_stored(db, &produced).await;
+        let tally = std::mem::take(&mut *tally.borrow_mut());
+        let (lost_answers, unexplained) = not_acked(&tally, &produced, db).await;
+        Outcome {
+            total: produced.iter().sum(),
+            elapsed,
+            lost,
+            twice,
+            order,
+            tally,
+            lost_answers,
+            unexplained,
+        }
+    }
+}
+
 /// What the failover tests give their brokers: the primary checked every 200 ms, connects and
 /// commits that give up soon, the spool replayed without a long back-off.
 pub const FAILOVER_SETTINGS: [(&str, &str); 4] = [
