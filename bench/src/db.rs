@@ -238,6 +238,14 @@ impl Server {
             .await??;
             self.admin = PgConnection::connect(&self.admin_url).await?;
             self.postmaster = postmaster_of(&mut self.admin).await?;
+            // Planning counted apart (a setting of the library, known once it is loaded): a
+            // statement planned afresh at every call shows as plans = calls.
+            sqlx::query("ALTER SYSTEM SET pg_stat_statements.track_planning = on")
+                .execute(&mut self.admin)
+                .await?;
+            sqlx::query("SELECT pg_reload_conf()")
+                .execute(&mut self.admin)
+                .await?;
         }
         let preload: String = sqlx::query_scalar("SHOW shared_preload_libraries")
             .fetch_one(&mut self.admin)

@@ -520,6 +520,13 @@ fn push_plan(o: &Options) -> Vec<Scenario> {
                     dedup,
                 });
             }
+            if batches.contains(&1) {
+                out.push(Scenario {
+                    kind: Kind::SingleCommits,
+                    partitions,
+                    dedup: true,
+                });
+            }
         }
         for &dedup in &o.dedup {
             if o.baselines {
@@ -914,36 +921,37 @@ mod tests {
         let o = parse(&["--quick", "--rounds", "5"]).expect("parses");
         assert_eq!((o.rounds, o.partitions.clone()), (5, vec![100]));
         let p = plan(&o, true);
-        // push: 2 naive + 2 × (2 baselines + 2 batches); spool: 2 batches; consume: pop+ack,
+        // push: 2 naive + one row per commit (batch 1 is planned) + 2 × (2 baselines + 2 batches); spool: 2 batches; consume: pop+ack,
         // end-to-end, paced at 5 % and 50 %, wake-up.
-        assert_eq!(p.len(), 2 + 2 * (2 + 2) + 2 + 5);
+        assert_eq!(p.len(), 2 + 1 + 2 * (2 + 2) + 2 + 5);
         assert!(matches!(p[0].kind, Kind::Naive));
-        assert!(matches!(p[2].kind, Kind::SegmentRows));
-        assert!(matches!(p[4].kind, Kind::Broker { batch: 100 }));
-        assert!(matches!(p[10].kind, Kind::Spool { batch: 100 }));
-        assert!(matches!(p[11].kind, Kind::Spool { batch: 1 }));
+        assert!(matches!(p[2].kind, Kind::SingleCommits));
+        assert!(matches!(p[3].kind, Kind::SegmentRows));
+        assert!(matches!(p[5].kind, Kind::Broker { batch: 100 }));
+        assert!(matches!(p[11].kind, Kind::Spool { batch: 100 }));
+        assert!(matches!(p[12].kind, Kind::Spool { batch: 1 }));
         assert!(matches!(
-            p[13].kind,
+            p[14].kind,
             Kind::EndToEnd {
                 batch: 100,
                 pace_pct: 0
             }
         ));
         assert!(matches!(
-            p[14].kind,
+            p[15].kind,
             Kind::EndToEnd {
                 batch: 10,
                 pace_pct: 5
             }
         ));
         assert!(matches!(
-            p[15].kind,
+            p[16].kind,
             Kind::EndToEnd {
                 batch: 100,
                 pace_pct: 50
             }
         ));
-        assert!(matches!(p[16].kind, Kind::Wakeup));
+        assert!(matches!(p[17].kind, Kind::Wakeup));
         let only = parse(&["--quick", "--suites", "consume"]).expect("parses");
         assert_eq!(only.rounds, 2);
         let p = plan(&only, false);

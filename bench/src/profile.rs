@@ -35,6 +35,11 @@ pub struct Statement {
     pub blocks_per_call: f64,
     /// Rows returned or affected per call.
     pub rows_per_call: f64,
+    /// Times it was planned (= calls: planned afresh at every call, no cached plan; 0 when
+    /// the server does not track planning).
+    pub plans: i64,
+    /// Mean planning time per plan, ms.
+    pub mean_plan_ms: f64,
 }
 
 /// The broker's commit transactions, from its trace log (warm-up included).
@@ -141,11 +146,12 @@ pub async fn top_statements(
     admin: &mut PgConnection,
     database: &str,
 ) -> Result<Vec<Statement>, BoxError> {
-    let rows: Vec<(String, i64, f64, f64, f64, f64)> = sqlx::query_as(
+    type Row = (String, i64, f64, f64, f64, f64, i64, f64);
+    let rows: Vec<Row> = sqlx::query_as(
         "SELECT left(regexp_replace(s.query, '\\s+', ' ', 'g'), 110), s.calls,
                 s.total_exec_time, s.mean_exec_time,
                 (s.shared_blks_hit + s.shared_blks_read)::float8 / greatest(s.calls, 1),
-                s.rows::float8 / greatest(s.calls, 1)
+                s.rows::float8 / greatest(s.calls, 1), s.plans, s.mean_plan_time
            FROM pg_stat_statements s
            JOIN pg_database d ON d.oid = s.dbid
           WHERE d.datname = $1
@@ -158,13 +164,26 @@ pub async fn top_statements(
     Ok(rows
         .into_iter()
         .map(
-            |(query, calls, total_ms, mean_ms, blocks_per_call, rows_per_call)| Statement {
+            |(
                 query,
                 calls,
                 total_ms,
                 mean_ms,
                 blocks_per_call,
                 rows_per_call,
+                plans,
+                mean_plan_ms,
+            )| {
+                Statement {
+                    query,
+                    calls,
+                    total_ms,
+                    mean_ms,
+                    blocks_per_call,
+                    rows_per_call,
+                    plans,
+                    mean_plan_ms,
+                }
             },
         )
         .collect())
@@ -279,12 +298,19 @@ pub fn text(p: &Profile) -> String {
     }
     if !p.statements.is_empty() {
         out.push_str(
-            "      statements by total time (calls, mean ms, total ms, buffers/call, rows/call):\n",
+            "      statements by total time (calls, mean ms, total ms, buffers/call, rows/call, plans, mean plan ms):\n",
         );
         for s in &p.statements {
             out.push_str(&format!(
-                "        {:>8} {:>8.3} {:>9.0} {:>9.1} {:>8.1}  {}\n",
-                s.calls, s.mean_ms, s.total_ms, s.blocks_per_call, s.rows_per_call, s.query
+                "        {:>8} {:>8.3} {:>9.0} {:>9.1} {:>8.1} {:>8} {:>7.3}  {}\n",
+                s.calls,
+                s.mean_ms,
+                s.total_ms,
+                s.blocks_per_call,
+                s.rows_per_call,
+                s.plans,
+                s.mean_plan_ms,
+                s.query
             ));
         }
     }

@@ -266,9 +266,15 @@ pub async fn run(
             m.verified = stored as u64 == o.stats.total_msgs;
             m
         }
-        Kind::Naive => {
+        Kind::Naive | Kind::SingleCommits => {
+            // (3) commits one row at a time from as many connections as the broker's producers.
+            let (connections, batch) = if scenario.kind == Kind::SingleCommits {
+                (params.connections, 1)
+            } else {
+                (params.baseline_connections, params.baseline_batch)
+            };
             load::create_naive_table(&mut conn, scenario.dedup).await?;
-            let conns = load::connect_all(url, params.baseline_connections).await?;
+            let conns = load::connect_all(url, connections).await?;
             server.checkpoint().await?;
             let targets = CpuTargets {
                 broker: None,
@@ -278,7 +284,7 @@ pub async fn run(
             let workers = load::naive_workers(
                 conns,
                 scenario.partitions,
-                params.baseline_batch,
+                batch,
                 scenario.dedup,
                 window,
                 tag,

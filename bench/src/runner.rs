@@ -109,6 +109,7 @@ async fn run_in(
         | Kind::EncryptedPush { .. }
         | Kind::SegmentRows
         | Kind::SegmentTxn
-        | Kind::Naive => push::run(server, params, scenario, round, url, profiled).await,
+        | Kind::Naive
+        | Kind::SingleCommits => push::run(server, params, scenario, round, url, profiled).await,
     }
 }

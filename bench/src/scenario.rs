@@ -17,6 +17,11 @@ pub enum Kind {
     SegmentTxn,
     /// Baseline (2): one row per message; `dedup` means the unique (partition, txn) index.
     Naive,
+    /// Baseline (3): one message per commit (an autocommit INSERT of one row with the unique
+    /// index) from `--connections` connections: the database's raw single-row commit rate,
+    /// what a broker that commits each push on its own can reach at best (Queen 0.15 does);
+    /// the batch-1 target's baseline.
+    SingleCommits,
     /// The broker, `batch` items per push request.
     Broker {
         /// Items per request.
@@ -227,6 +232,7 @@ impl Scenario {
             Kind::SegmentTxn => format!("(1+) broker's txn by SQL, P={p}, dedup {d}"),
             Kind::Naive if self.dedup => format!("(2) naive + unique index, P={p}"),
             Kind::Naive => format!("(2') naive, no index, P={p}"),
+            Kind::SingleCommits => format!("(3) one row per commit, P={p}"),
         }
     }
 }

@@ -159,8 +159,9 @@ pub fn ack_pool(primary: &Arc<Primary>, settings: &Settings, workers: usize) -> 
 /// The session setting of commits that do not wait for their WAL flush.
 const ASYNC_COMMIT: (&str, &str) = ("synchronous_commit", "off");
 
-/// The session setting that makes PostgreSQL run a prepared statement's generic plan.
-const GENERIC_PLANS: (&str, &str) = ("plan_cache_mode", "force_generic_plan");
+/// The session setting that makes PostgreSQL run a prepared statement's generic plan (the
+/// grouped pools above, and the committers' own connections: [`push::commit::PgStore`]).
+pub(crate) const GENERIC_PLANS: (&str, &str) = ("plan_cache_mode", "force_generic_plan");
 
 /// `size` connections with `options`, not pinged before they are handed out (a connection that
 /// died fails its statement instead, and sqlx drops it).
