@@ -358,7 +358,9 @@ async fn json_logs_are_one_object_per_line_with_the_access_line() {
     let lines: Vec<Value> = stderr
         .lines()
         .map(|l| {
-            serde_json::from_str(l).unwrap_or_else(|e| panic!("not one JSON object: {l:?}: {e}"))
+            serde_json::from_str(l).unwrap_or_else(|e| {
+                panic!("not one JSON object: {l:?}: {e}; the whole log:\n{stderr}")
+            })
         })
         .collect();
     let start = lines

@@ -140,6 +140,7 @@ struct GroupRow {
 pub struct ClaimGroup {
     jobs: mpsc::UnboundedSender<Job<ClaimJob, Reply>>,
     pool: PgPool,
+    answer_within: Duration,
 }
 
 impl ClaimGroup {
@@ -159,7 +160,35 @@ impl ClaimGroup {
                 answer_within,
             ));
         }
-        Self { jobs, pool }
+        Self {
+            jobs,
+            pool,
+            answer_within,
+        }
+    }
+
+    /// Watches `lease` while a pop's own statements claim under it (`armed`: the pop holds
+    /// leases, i.e. it does not commit at delivery); see [`LostClaim`].
+    pub(crate) fn guard(&self, lease: Uuid, armed: bool) -> LostClaim<'_> {
+        LostClaim {
+            claims: self,
+            lease,
+            armed,
+        }
+    }
+
+    /// Releases `lease`, claimed by a pop's own statements whose outcome is unknown (the
+    /// connection broke with a statement sent, a statement failed after an earlier one had
+    /// claimed, or the pop was given up mid-statement): it was delivered to nobody, yet it
+    /// would hold its partitions for the queue's whole lease time. Released in the background
+    /// on this group's pool, as a grouped claim's unanswered leases are.
+    pub fn release_lost(&self, lease: Uuid) {
+        // (Spawned: a pop given up by its time limit releases from its drop.)
+        actix_web::rt::spawn(release_unanswered(
+            self.pool.clone(),
+            vec![lease],
+            self.answer_within,
+        ));
     }
 
     /// The workers' pool (for the pool gauges).
@@ -175,6 +204,32 @@ impl ClaimGroup {
             return None;
         }
         answer.await.unwrap_or(None)
+    }
+}
+
+/// A pop's lease while its own statements run ([`ClaimGroup::guard`]): released
+/// ([`ClaimGroup::release_lost`]) if the pop ends, still armed, without an answer: an error,
+/// or dropped by its time limit mid-statement.
+pub(crate) struct LostClaim<'a> {
+    claims: &'a ClaimGroup,
+    lease: Uuid,
+    armed: bool,
+}
+
+impl LostClaim<'_> {
+    /// The pop has its answer: nothing to release.
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for LostClaim<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            tracing::warn!(lease = %self.lease,
+                "a pop ended without an answer after its statements ran; what it claimed is released");
+            self.claims.release_lost(self.lease);
+        }
     }
 }
 

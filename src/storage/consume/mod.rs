@@ -408,6 +408,9 @@ async fn pop_from(
     written_first: bool,
 ) -> Result<Option<Popped>, StorageError> {
     let lease_id = Uuid::now_v7();
+    // Until the pop ends with an answer, whatever its statements claimed under `lease_id` is
+    // released when it ends otherwise (an error, or dropped by its time limit mid-statement).
+    let mut lost = req.claims.guard(lease_id, !req.auto_ack);
     let mut pop = Collect {
         req,
         queue,
@@ -418,26 +421,32 @@ async fn pop_from(
         deliveries: Vec::new(),
     };
     let conflating = sub.conflation;
-    match req.partition {
-        Some(name) => {
-            pop.slots = 1;
-            let row: Option<Candidate> = sqlx::query_as(&format!(
-                "{CANDIDATE_COLUMNS}
-                  WHERE p.queue_id = $1 AND p.name = $3"
-            ))
-            .bind(queue.id)
-            .bind(req.group)
-            .bind(name)
-            .fetch_optional(&mut *conn)
-            .await?;
-            if let Some(row) = row {
-                if matches!(pop.classify(&row), Class::Candidate) {
-                    pop.take(conn, &row).await?;
+    let collected: Result<(), StorageError> = async {
+        match req.partition {
+            Some(name) => {
+                pop.slots = 1;
+                let row: Option<Candidate> = sqlx::query_as(&format!(
+                    "{CANDIDATE_COLUMNS}
+                      WHERE p.queue_id = $1 AND p.name = $3"
+                ))
+                .bind(queue.id)
+                .bind(req.group)
+                .bind(name)
+                .fetch_optional(&mut *conn)
+                .await?;
+                if let Some(row) = row {
+                    if matches!(pop.classify(&row), Class::Candidate) {
+                        pop.take(conn, &row).await?;
+                    }
                 }
+                Ok(())
             }
+            None => pop.scan_queue(conn, written_first).await,
         }
-        None => pop.scan_queue(conn, written_first).await?,
     }
+    .await;
+    collected?;
+    lost.disarm();
     if pop.deliveries.is_empty() {
         return Ok(None);
     }

@@ -30,6 +30,21 @@ pub(crate) async fn pop_ready(
     ahead: Option<Ahead>,
 ) -> Result<Option<Popped>, StorageError> {
     let lease_id = ahead.as_ref().map_or_else(Uuid::now_v7, |a| a.lease);
+    // What the statements claim under `lease_id` is released if the pop ends without its
+    // answer (an error after a claim, a connection lost mid-statement, the time limit).
+    let mut lost = req.claims.guard(lease_id, !req.auto_ack);
+    let popped = claim_and_deliver(conn, req, ahead, lease_id).await?;
+    lost.disarm();
+    Ok(popped)
+}
+
+/// [`pop_ready`]'s claims and deliveries under `lease_id`.
+async fn claim_and_deliver(
+    conn: &mut LazyConn<'_>,
+    req: &PopRequest<'_>,
+    ahead: Option<Ahead>,
+    lease_id: Uuid,
+) -> Result<Option<Popped>, StorageError> {
     let mut ahead = ahead.map(|a| (a.partition_id, a.rows));
     // What the one-statement pop is told not to send, read once and only if it runs.
     let mut all_held: Option<HeldRuns> = None;
