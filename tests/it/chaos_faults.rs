@@ -74,6 +74,12 @@ struct Run {
     /// Items answered accepted while they had been answered `failed` in an earlier attempt:
     /// fine (the retry stored them); kept to show the refusals were retried.
     retried_after_failed: Cell<usize>,
+    /// Items answered `duplicate`: a retry of a push whose first answer was lost, which the
+    /// broker had stored (dedup answered it with the original).
+    duplicates: Cell<usize>,
+    /// Deliveries of a key the consumer had seen before (a pop whose answer was lost, or an
+    /// ack that came too late: the lease expired and the message came again).
+    redelivered: Cell<usize>,
     /// Last time the consumer saw a new key.
     last_new_delivery: Cell<Instant>,
     payload_pad: String,
@@ -81,15 +87,33 @@ struct Run {
 
 impl Run {
     fn new(app: &TestApp, partitions: usize, per_partition: usize, pad: usize) -> Rc<Self> {
+        Self::through(
+            &app.base,
+            Duration::from_secs(20),
+            partitions,
+            per_partition,
+            pad,
+        )
+    }
+
+    /// A run whose clients reach the broker at `base` (a proxy in front of it, say) and give
+    /// a request up after `timeout`.
+    fn through(
+        base: &str,
+        timeout: Duration,
+        partitions: usize,
+        per_partition: usize,
+        pad: usize,
+    ) -> Rc<Self> {
         let http = Http(
             awc::Client::builder()
                 .connector(awc::Connector::new().conn_keep_alive(Duration::from_secs(1)))
-                .timeout(Duration::from_secs(20))
+                .timeout(timeout)
                 .finish(),
         );
         Rc::new(Run {
             http,
-            base: app.base.clone(),
+            base: base.to_string(),
             per_partition,
             accepted: RefCell::new(vec![vec![false; per_partition]; partitions]),
             delivered: RefCell::new(vec![vec![false; per_partition]; partitions]),
@@ -98,6 +122,8 @@ impl Run {
             failed: Cell::new(0),
             unanswered: Cell::new(0),
             retried_after_failed: Cell::new(0),
+            duplicates: Cell::new(0),
+            redelivered: Cell::new(0),
             last_new_delivery: Cell::new(Instant::now()),
             payload_pad: "x".repeat(pad),
         })
@@ -128,6 +154,11 @@ async fn produce(run: Rc<Run>, p: usize, batch: usize) {
             Some((201, Value::Array(results))) if results.len() == end - seq => {
                 let failed = results.iter().filter(|r| r["status"] == "failed").count();
                 run.failed.set(run.failed.get() + failed);
+                let duplicates = results
+                    .iter()
+                    .filter(|r| r["status"] == "duplicate")
+                    .count();
+                run.duplicates.set(run.duplicates.get() + duplicates);
                 all = results.iter().all(|r| {
                     matches!(
                         r["status"].as_str(),
@@ -176,7 +207,9 @@ async fn consume(run: Rc<Run>, stop: Rc<Cell<bool>>) {
             let k = m["transactionId"].as_str().unwrap_or_default();
             let (p, s) = parse_key(k).unwrap_or_else(|| panic!("a delivery never produced: {m}"));
             let mut delivered = run.delivered.borrow_mut();
-            if !delivered[p][s] {
+            if delivered[p][s] {
+                run.redelivered.set(run.redelivered.get() + 1);
+            } else {
                 delivered[p][s] = true;
                 run.delivered_count.set(run.delivered_count.get() + 1);
                 run.last_new_delivery.set(Instant::now());
@@ -516,4 +549,327 @@ async fn chaos_network_partition_delay_and_half_open_connections() {
         "deliveries resumed after every fault"
     );
     drop(proxy);
+}
+
+/// Faults between the clients and the broker (the broker reaches PostgreSQL directly): every
+/// producer and the consumer talk to the broker through the fault proxy, which cuts every
+/// connection (answers in flight are lost: a push the broker stored is retried and answered
+/// `duplicate`, a pop's messages stay leased to nobody until the lease ends), delays every
+/// chunk, and black-holes connections (the client gives the request up after its timeout).
+/// The queue's lease is 3 s, so a message whose pop answer was lost comes again within the
+/// recovery bound.
+#[actix_web::test]
+async fn chaos_network_faults_between_clients_and_the_broker() {
+    let db = fresh_db().await;
+    let app = spawn_app_with(test_settings(&db, &[])).await;
+    let configured = app
+        .post(
+            "/api/v1/configure",
+            &json!({"queue": QUEUE, "options": {"leaseTime": 3}}),
+        )
+        .await;
+    assert!(configured.status < 300, "configure: {}", configured.body);
+    let port: u16 = app
+        .base
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .expect("the broker's base URL names its port");
+    let proxy = Proxy::start(port).await;
+    let rounds = if long() { 5 } else { 1 };
+    let (partitions, per_partition) = (4, if long() { 20_000 } else { 1_500 });
+    let run = Run::through(
+        &format!("http://127.0.0.1:{}", proxy.port),
+        Duration::from_secs(3),
+        partitions,
+        per_partition,
+        20,
+    );
+    let stop = Rc::new(Cell::new(false));
+    let started = Instant::now();
+    let producers: Vec<_> = (0..partitions)
+        .map(|p| actix_web::rt::spawn(produce(run.clone(), p, 10)))
+        .collect();
+    let consumer = actix_web::rt::spawn(consume(run.clone(), stop.clone()));
+    let mut recoveries = Vec::new();
+    for _ in 0..rounds {
+        for fault in ["cuts", "partition", "delay", "half-open"] {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            match fault {
+                // Short cuts while requests are in flight: their answers are lost.
+                "cuts" => {
+                    for _ in 0..5 {
+                        proxy.cut();
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        proxy.restore();
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+                "partition" => {
+                    proxy.cut();
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    proxy.restore();
+                }
+                "delay" => {
+                    proxy.set_delay(Duration::from_millis(150));
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    proxy.set_delay(Duration::ZERO);
+                }
+                _ => {
+                    proxy.black_hole();
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    proxy.heal();
+                }
+            }
+            let healed = Instant::now();
+            let at = run.delivered_count.get();
+            let deadline = healed + recovery_bound();
+            while run.delivered_count.get() == at
+                && run.delivered_count.get() < run.total()
+                && Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            recoveries.push((fault, healed.elapsed()));
+        }
+    }
+    let healed = Instant::now();
+    for p in producers {
+        p.await.unwrap();
+    }
+    let drained_in = recovery(&run, healed).await;
+    stop.set(true);
+    consumer.await.unwrap();
+    app.drained().await;
+    let verdict = check(&db, &run).await;
+    let worst = recoveries.iter().map(|(_, d)| *d).max().unwrap_or_default();
+    eprintln!(
+        "chaos client network: {} accepted, {} pushes unanswered (retried), {} items answered \
+         duplicate on a retry, {} keys delivered, {} delivered again; {verdict:?}; deliveries \
+         resumed after each fault: {:?}; last delivery {:.2} s after the last fault; {:.1} s in all",
+        run.accepted_count.get(),
+        run.unanswered.get(),
+        run.duplicates.get(),
+        run.delivered_count.get(),
+        run.redelivered.get(),
+        recoveries
+            .iter()
+            .map(|(f, d)| format!("{f} {:.2} s", d.as_secs_f64()))
+            .collect::<Vec<_>>(),
+        drained_in.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        run.unanswered.get() > 0,
+        "the faults cut requests in flight (else this run tested nothing)"
+    );
+    assert_eq!(
+        verdict,
+        Verdict {
+            lost: 0,
+            twice: 0,
+            order: 0,
+            undelivered: 0
+        }
+    );
+    assert!(
+        worst < recovery_bound(),
+        "deliveries resumed after every fault"
+    );
+    drop(proxy);
+}
+
+/// The firewall of the network namespace this test runs in, driven with `nft`: drop rules on
+/// loopback ports make a real partition (packets vanish; the kernel's TCP retransmits, and an
+/// open connection carries on once the rules are gone), unlike the proxy's cut (connections
+/// reset). Only ever inside a namespace of its own, which `tests/netns/run.sh` makes.
+struct Firewall;
+
+impl Firewall {
+    const TABLE: &'static str = "queen_chaos";
+
+    /// The rules' table, in this process's namespace, which must be the one `QUEEN_NETNS`
+    /// names (`ip netns identify`), never the host's. `Err` (the test is skipped) only when
+    /// `QUEEN_NETNS` is unset; with it set, anything amiss fails the test.
+    fn inside_own_namespace() -> Result<Firewall, String> {
+        let Ok(expected) = std::env::var("QUEEN_NETNS") else {
+            return Err("QUEEN_NETNS is not set: run it through tests/netns/run.sh".into());
+        };
+        let out = Command::new("ip")
+            .args(["netns", "identify", &std::process::id().to_string()])
+            .output()
+            .expect("ip netns identify runs");
+        let here = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(
+            out.status.success() && !expected.is_empty() && here == expected,
+            "refusing to change a firewall: this process is in namespace {here:?}, not {expected:?}"
+        );
+        let fw = Firewall;
+        fw.nft(&format!("add table inet {}", Self::TABLE));
+        fw.nft(&format!(
+            "add chain inet {} out {{ type filter hook output priority 0 ; policy accept ; }}",
+            Self::TABLE
+        ));
+        Ok(fw)
+    }
+
+    fn nft(&self, command: &str) {
+        let out = Command::new("nft")
+            .args(command.split_whitespace())
+            .output()
+            .unwrap_or_else(|e| panic!("nft {command}: {e}"));
+        assert!(
+            out.status.success(),
+            "nft {command}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Drops every packet to and from `port` (both ends are on loopback, so each packet passes
+    /// the output hook once).
+    fn drop_port(&self, port: u16) {
+        for dir in ["dport", "sport"] {
+            self.nft(&format!(
+                "add rule inet {} out tcp {dir} {port} drop",
+                Self::TABLE
+            ));
+        }
+    }
+
+    fn heal(&self) {
+        self.nft(&format!("flush chain inet {} out", Self::TABLE));
+    }
+}
+
+impl Drop for Firewall {
+    fn drop(&mut self) {
+        let _ = Command::new("nft")
+            .args(["delete", "table", "inet", Self::TABLE])
+            .status();
+    }
+}
+
+/// Partitions made by nftables drop rules in a network namespace of the test's own
+/// (`tests/netns/run.sh` runs it there; elsewhere it says it was skipped): between the broker
+/// and PostgreSQL, between the clients and the broker, and both at once, 3 s each. Commits in
+/// flight are given up after `QUEEN_COMMIT_TIMEOUT_MS` and spooled; requests in flight are
+/// given up by the clients after 3 s and retried (dedup answers a stored one `duplicate`); a
+/// pop whose answer vanished comes again after the queue's 3 s lease.
+#[actix_web::test]
+async fn chaos_netns_partitions_by_nftables() {
+    let firewall = match Firewall::inside_own_namespace() {
+        Ok(fw) => fw,
+        Err(why) => {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+    let db = fresh_db().await;
+    let settings = test_settings(
+        &db,
+        &[
+            ("DB_CONNECTION_TIMEOUT", "1000"),
+            ("QUEEN_COMMIT_TIMEOUT_MS", "2000"),
+            ("DB_STATEMENT_TIMEOUT", "2000"),
+        ],
+    );
+    let app = spawn_app_with(settings).await;
+    let configured = app
+        .post(
+            "/api/v1/configure",
+            &json!({"queue": QUEUE, "options": {"leaseTime": 3}}),
+        )
+        .await;
+    assert!(configured.status < 300, "configure: {}", configured.body);
+    let broker_port: u16 = app
+        .base
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .expect("the broker's base URL names its port");
+    let pg_port = pg().port();
+    let rounds = if long() { 5 } else { 1 };
+    let (partitions, per_partition) = (4, if long() { 20_000 } else { 1_500 });
+    let run = Run::through(
+        &app.base,
+        Duration::from_secs(3),
+        partitions,
+        per_partition,
+        20,
+    );
+    let stop = Rc::new(Cell::new(false));
+    let started = Instant::now();
+    let producers: Vec<_> = (0..partitions)
+        .map(|p| actix_web::rt::spawn(produce(run.clone(), p, 10)))
+        .collect();
+    let consumer = actix_web::rt::spawn(consume(run.clone(), stop.clone()));
+    let mut recoveries = Vec::new();
+    for _ in 0..rounds {
+        for fault in ["broker-postgresql", "clients-broker", "both"] {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            match fault {
+                "broker-postgresql" => firewall.drop_port(pg_port),
+                "clients-broker" => firewall.drop_port(broker_port),
+                _ => {
+                    firewall.drop_port(pg_port);
+                    firewall.drop_port(broker_port);
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            firewall.heal();
+            let healed = Instant::now();
+            let at = run.delivered_count.get();
+            let deadline = healed + recovery_bound();
+            while run.delivered_count.get() == at
+                && run.delivered_count.get() < run.total()
+                && Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            recoveries.push((fault, healed.elapsed()));
+        }
+    }
+    let healed = Instant::now();
+    for p in producers {
+        p.await.unwrap();
+    }
+    let drained_in = recovery(&run, healed).await;
+    stop.set(true);
+    consumer.await.unwrap();
+    app.drained().await;
+    let verdict = check(&db, &run).await;
+    let worst = recoveries.iter().map(|(_, d)| *d).max().unwrap_or_default();
+    eprintln!(
+        "chaos netns: {} accepted, {} items refused, {} pushes unanswered (retried), {} items \
+         answered duplicate on a retry, {} keys delivered, {} delivered again; {verdict:?}; \
+         deliveries resumed after each fault: {:?}; last delivery {:.2} s after the last fault; \
+         {:.1} s in all",
+        run.accepted_count.get(),
+        run.failed.get(),
+        run.unanswered.get(),
+        run.duplicates.get(),
+        run.delivered_count.get(),
+        run.redelivered.get(),
+        recoveries
+            .iter()
+            .map(|(f, d)| format!("{f} {:.2} s", d.as_secs_f64()))
+            .collect::<Vec<_>>(),
+        drained_in.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        run.unanswered.get() > 0,
+        "the partitions stopped requests in flight (else this run tested nothing)"
+    );
+    assert_eq!(
+        verdict,
+        Verdict {
+            lost: 0,
+            twice: 0,
+            order: 0,
+            undelivered: 0
+        }
+    );
+    assert!(
+        worst < recovery_bound(),
+        "deliveries resumed after every fault"
+    );
 }
