@@ -173,6 +173,13 @@ PY
     fi
 fi
 "$venv/bin/python" "$root/tests/compat/kafka_sasl.py" "$auth_port" "$auth_kafka_port" "$secret" || auth_status=$?
+# The short-lived token's connections were re-authenticated (KIP-368), not cut at its expiry.
+if grep -q "was not re-authenticated" "$tmp/broker-auth.log"; then
+    echo "compat-kafka: FAIL a SASL session ended at its token's expiry: the client did not re-authenticate"
+    auth_status=1
+else
+    echo "compat-kafka: ok   no SASL session was cut at its token's expiry (librdkafka re-authenticated)"
+fi
 if [ "$auth_status" -ne 0 ]; then
     echo "compat-kafka: broker with JWT_ENABLED, log (last 50 lines):" >&2
     tail -n 50 "$tmp/broker-auth.log" >&2
