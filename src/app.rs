@@ -451,6 +451,8 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     });
     let data = state.clone();
     let addr = format!("{}:{}", settings.host, settings.port);
+    // The Kafka listener checks SASL tokens with the HTTP gate's verifier (one JWKS cache).
+    let verifier = gatekeeper.verifier();
     let server = HttpServer::new(move || {
         let patterns = std::rc::Rc::new(crate::http::route_patterns());
         App::new()
@@ -509,6 +511,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
                 state.clone().into_inner(),
                 kafka_settings.clone(),
                 kafka_port,
+                verifier,
             ));
             // The Kafka connections run on threads of their own (as many as the HTTP workers),
             // beside the HTTP workers; the first also accepts and keeps the group clock.

@@ -266,7 +266,16 @@ impl Verifier {
                 roles.add_claim(role, &self.role_names);
             }
         }
-        Ok(Caller { sub, roles })
+        // `verify` refused a negative or non-numeric `exp` already.
+        let expires_at = claims
+            .get("exp")
+            .and_then(Value::as_f64)
+            .map(|exp| exp as u64);
+        Ok(Caller {
+            sub,
+            roles,
+            expires_at,
+        })
     }
 }
 

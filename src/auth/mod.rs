@@ -24,6 +24,9 @@ pub struct Caller {
     pub sub: Option<String>,
     /// The token's roles.
     pub roles: Roles,
+    /// The token's `exp` (seconds since 1970), when it has one: a Kafka SASL session ends then
+    /// unless the client re-authenticates (docs/kafka.md).
+    pub expires_at: Option<u64>,
 }
 
 /// Why a request is refused (the texts are reference §10.3's).

@@ -73,7 +73,7 @@ pub enum Admission {
 
 /// The decision maker: settings, route table and verifier. One per broker, shared by workers.
 pub struct Gatekeeper {
-    verifier: Option<Verifier>,
+    verifier: Option<Arc<Verifier>>,
     skip: SkipPaths,
     routes: RouteTable,
 }
@@ -86,7 +86,7 @@ impl Gatekeeper {
     /// [`ConfigError`] naming the `JWT_*` variable whose key material cannot be used.
     pub fn new(settings: &JwtSettings, routes: Vec<Route>) -> Result<Self, ConfigError> {
         let verifier = if settings.enabled {
-            Some(Verifier::new(settings)?)
+            Some(Arc::new(Verifier::new(settings)?))
         } else {
             None
         };
@@ -100,6 +100,12 @@ impl Gatekeeper {
     /// Whether tokens are checked at all.
     pub fn enabled(&self) -> bool {
         self.verifier.is_some()
+    }
+
+    /// The verifier, when auth is on: the Kafka listener checks SASL tokens with the same one
+    /// (same keys, same JWKS cache).
+    pub fn verifier(&self) -> Option<Arc<Verifier>> {
+        self.verifier.clone()
     }
 
     /// Decides one request from its method, routed path and `Authorization` header.

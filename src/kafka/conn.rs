@@ -5,6 +5,12 @@
 //! answers close this connection only; the others are served on. A frame's bytes count
 //! against the front door's budget (`Kafka::frame_budget`) until its answer is written, so
 //! memory stays bounded however many clients send at once. Nothing here panics on input.
+//!
+//! Each connection carries its SASL session (`kafka::sasl`): with JWT auth on, only
+//! ApiVersions and the SASL APIs are served before authentication (anything else closes the
+//! connection, as Kafka does), a session ends at its token's expiry unless re-authenticated,
+//! and each API is answered with its authorization error when the caller's roles lack what
+//! `kafka::access` says it requires.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -15,7 +21,9 @@ use kafka_protocol::protocol::{Decodable, Encodable};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::kafka::{fetch, groups, metadata, produce, versions, Kafka};
+use crate::auth::roles::Capability;
+use crate::kafka::sasl::{Refusal, Session};
+use crate::kafka::{access, fetch, groups, metadata, produce, versions, Kafka};
 
 /// A connection silent this long between requests is closed (Kafka's
 /// `connections.max.idle.ms` default).
@@ -40,6 +48,8 @@ enum Closed {
     SlowFrame,
     #[error("the client did not read its answer within {WRITE_TIMEOUT:?}")]
     SlowReader,
+    #[error(transparent)]
+    Sasl(#[from] Refusal),
     #[error("api key {key} v{version}: {reason}")]
     Undecodable {
         key: i16,
@@ -62,15 +72,23 @@ pub async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, kafka: &K
 
 async fn serve_frames(stream: &mut TcpStream, kafka: &Kafka) -> Result<(), Closed> {
     let max = kafka.settings.max_frame_bytes;
+    let mut session = Session::new(kafka.verifier.is_some());
     loop {
         let mut size = [0u8; 4];
-        match tokio::time::timeout(IDLE, stream.read_exact(&mut size)).await {
+        // A session that ends at its token's expiry is closed then, unless re-authenticated.
+        let wait = session.remaining().map_or(IDLE, |left| left.min(IDLE));
+        match tokio::time::timeout(wait, stream.read_exact(&mut size)).await {
+            Err(_) if session.remaining().is_some_and(|left| left.is_zero()) => {
+                return Err(Closed::Sasl(Refusal::Expired))
+            }
             Err(_) => return Err(Closed::Idle),
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(Closed::Eof),
             Ok(r) => r?,
         };
         let len = i32::from_be_bytes(size) as i64;
-        if len < 8 || len as u64 > max as u64 {
+        // A raw SASL token (after a v0 handshake) has no header and may be short.
+        let least = if session.expects_raw_token() { 1 } else { 8 };
+        if len < least || len as u64 > max as u64 {
             return Err(Closed::FrameSize(len, max));
         }
         let len = len as usize;
@@ -85,15 +103,32 @@ async fn serve_frames(stream: &mut TcpStream, kafka: &Kafka) -> Result<(), Close
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(Closed::Eof),
             Ok(r) => r?,
         };
-        let Some(answer) = answer(frame.freeze(), kafka).await? else {
-            continue; // acks=0 produce: no answer
-        };
-        match tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(&answer)).await {
-            Err(_) => return Err(Closed::SlowReader),
-            Ok(r) => r?,
+        if session.expects_raw_token() {
+            session.raw_token(kafka.verifier.as_deref(), &frame).await?;
+            write(stream, &crate::kafka::sasl::raw_success()).await?;
+            continue;
+        }
+        let (answer, then_close) = answer(frame.freeze(), kafka, &mut session).await?;
+        if let Some(answer) = answer {
+            write(stream, &answer).await?;
+        }
+        // A refused SASL exchange: the client reads why, then the connection ends.
+        if let Some(refusal) = then_close {
+            return Err(Closed::Sasl(refusal));
         }
     }
 }
+
+async fn write(stream: &mut TcpStream, bytes: &[u8]) -> Result<(), Closed> {
+    match tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(bytes)).await {
+        Err(_) => Err(Closed::SlowReader),
+        Ok(r) => Ok(r?),
+    }
+}
+
+/// An answer (`None`: the request wants none) and, after a refused SASL exchange, why the
+/// connection closes once the answer is written.
+type Answer = (Option<BytesMut>, Option<Refusal>);
 
 /// A request's header, as far as dispatch needs it.
 struct Head {
@@ -146,8 +181,8 @@ fn decode<Req: Decodable>(head: &Head, body: &mut Bytes) -> Result<Req, Closed> 
     }
 }
 
-/// Answers one frame (`None`: the request wants no answer).
-async fn answer(mut frame: Bytes, kafka: &Kafka) -> Result<Option<BytesMut>, Closed> {
+/// Answers one frame.
+async fn answer(mut frame: Bytes, kafka: &Kafka, session: &mut Session) -> Result<Answer, Closed> {
     let raw_key = i16::from_be_bytes([frame[0], frame[1]]);
     let version = i16::from_be_bytes([frame[2], frame[3]]);
     let undecodable = |reason: String| Closed::Undecodable {
@@ -178,15 +213,16 @@ async fn answer(mut frame: Bytes, kafka: &Kafka) -> Result<Option<BytesMut>, Clo
                 0,
                 &versions::api_versions(crate::kafka::code::UNSUPPORTED_VERSION),
             )
-            .map(Some);
+            .map(|a| (Some(a), None));
         }
         // The body is read only to check it decodes (the client's name is not used).
         let header_version = key.request_header_version(version);
         RequestHeader::decode(&mut frame, header_version)
             .map_err(|e| undecodable(format!("header: {e:#}")))?;
         decode::<kafka_protocol::messages::ApiVersionsRequest>(&head, &mut frame)?;
-        return frame_answer(&head, 0, &versions::api_versions(0)).map(Some);
+        return frame_answer(&head, 0, &versions::api_versions(0)).map(|a| (Some(a), None));
     }
+    session.admit(key)?;
     let range = key.valid_versions();
     let codec_reads = (range.min..=range.max).contains(&version);
     let served = versions::served(key).is_some();
@@ -216,7 +252,7 @@ async fn answer(mut frame: Bytes, kafka: &Kafka) -> Result<Option<BytesMut>, Clo
         out.extend_from_slice(&body);
         let len = (out.len() - 4) as i32;
         out[..4].copy_from_slice(&len.to_be_bytes());
-        return Ok(Some(out));
+        return Ok((Some(out), None));
     }
     let header = RequestHeader::decode(&mut frame, key.request_header_version(version))
         .map_err(|e| undecodable(format!("header: {e:#}")))?;
@@ -226,39 +262,117 @@ async fn answer(mut frame: Bytes, kafka: &Kafka) -> Result<Option<BytesMut>, Clo
         correlation_id: header.correlation_id,
     };
     let mut body = frame;
+    let response_header_version = key.response_header_version(version);
+    let allowed = session.allows(access::required(key));
+    if !allowed {
+        tracing::debug!(
+            ?key,
+            "Kafka request refused: the token's roles do not allow it"
+        );
+    }
+    // Served when the caller's roles allow it, else answered with the API's refusal.
     macro_rules! serve {
-        ($req:ty, $handler:expr) => {{
+        ($req:ty, $handler:expr, $refuse:expr) => {{
             let request: $req = decode(&head, &mut body)?;
-            let response = $handler(kafka, request, version).await;
-            frame_answer(&head, key.response_header_version(version), &response).map(Some)
+            let response = if allowed {
+                $handler(kafka, request, version).await
+            } else {
+                $refuse(request, version)
+            };
+            frame_answer(&head, response_header_version, &response).map(|a| (Some(a), None))
         }};
     }
     use kafka_protocol::messages as m;
     let answer = match key {
-        ApiKey::Metadata => serve!(m::MetadataRequest, metadata::metadata),
-        ApiKey::CreateTopics => serve!(m::CreateTopicsRequest, metadata::create_topics),
-        ApiKey::DeleteTopics => serve!(m::DeleteTopicsRequest, metadata::delete_topics),
+        ApiKey::SaslHandshake => {
+            let request: m::SaslHandshakeRequest = decode(&head, &mut body)?;
+            let (response, outcome) = session.handshake(&request, version);
+            frame_answer(&head, response_header_version, &response)
+                .map(|a| (Some(a), outcome.err()))
+        }
+        ApiKey::SaslAuthenticate => {
+            let request: m::SaslAuthenticateRequest = decode(&head, &mut body)?;
+            let (response, outcome) = session
+                .authenticate(kafka.verifier.as_deref(), &request)
+                .await;
+            frame_answer(&head, response_header_version, &response)
+                .map(|a| (Some(a), outcome.err()))
+        }
+        ApiKey::Metadata => {
+            let request: m::MetadataRequest = decode(&head, &mut body)?;
+            // Creating a topic on first use is what a push does for a queue (or a configure).
+            let may_create =
+                session.allows(Capability::Produce) || session.allows(Capability::Configure);
+            let response = metadata::metadata_creating(kafka, request, version, may_create).await;
+            frame_answer(&head, response_header_version, &response).map(|a| (Some(a), None))
+        }
+        ApiKey::CreateTopics => serve!(
+            m::CreateTopicsRequest,
+            metadata::create_topics,
+            access::create_topics
+        ),
+        ApiKey::DeleteTopics => serve!(
+            m::DeleteTopicsRequest,
+            metadata::delete_topics,
+            access::delete_topics
+        ),
         ApiKey::Produce => {
             let request: m::ProduceRequest = decode(&head, &mut body)?;
             let acks = request.acks;
-            let response = produce::produce(kafka, request, version).await;
+            let response = if allowed {
+                produce::produce(kafka, request, session.sub()).await
+            } else {
+                access::produce(request, version)
+            };
             if acks == 0 {
-                return Ok(None);
+                return Ok((None, None));
             }
-            frame_answer(&head, key.response_header_version(version), &response).map(Some)
+            frame_answer(&head, response_header_version, &response).map(|a| (Some(a), None))
         }
-        ApiKey::InitProducerId => serve!(m::InitProducerIdRequest, produce::init_producer_id),
-        ApiKey::Fetch => serve!(m::FetchRequest, fetch::fetch),
-        ApiKey::ListOffsets => serve!(m::ListOffsetsRequest, fetch::list_offsets),
-        ApiKey::FindCoordinator => serve!(m::FindCoordinatorRequest, groups::find_coordinator),
-        ApiKey::JoinGroup => serve!(m::JoinGroupRequest, groups::join_group),
-        ApiKey::SyncGroup => serve!(m::SyncGroupRequest, groups::sync_group),
-        ApiKey::Heartbeat => serve!(m::HeartbeatRequest, groups::heartbeat),
-        ApiKey::LeaveGroup => serve!(m::LeaveGroupRequest, groups::leave_group),
-        ApiKey::OffsetCommit => serve!(m::OffsetCommitRequest, groups::offset_commit),
-        ApiKey::OffsetFetch => serve!(m::OffsetFetchRequest, groups::offset_fetch),
-        ApiKey::ListGroups => serve!(m::ListGroupsRequest, groups::list_groups),
-        ApiKey::DescribeGroups => serve!(m::DescribeGroupsRequest, groups::describe_groups),
+        ApiKey::InitProducerId => serve!(
+            m::InitProducerIdRequest,
+            produce::init_producer_id,
+            access::init_producer_id
+        ),
+        ApiKey::Fetch => serve!(m::FetchRequest, fetch::fetch, access::fetch),
+        ApiKey::ListOffsets => serve!(
+            m::ListOffsetsRequest,
+            fetch::list_offsets,
+            access::list_offsets
+        ),
+        ApiKey::FindCoordinator => serve!(
+            m::FindCoordinatorRequest,
+            groups::find_coordinator,
+            access::find_coordinator
+        ),
+        ApiKey::JoinGroup => serve!(m::JoinGroupRequest, groups::join_group, access::join_group),
+        ApiKey::SyncGroup => serve!(m::SyncGroupRequest, groups::sync_group, access::sync_group),
+        ApiKey::Heartbeat => serve!(m::HeartbeatRequest, groups::heartbeat, access::heartbeat),
+        ApiKey::LeaveGroup => serve!(
+            m::LeaveGroupRequest,
+            groups::leave_group,
+            access::leave_group
+        ),
+        ApiKey::OffsetCommit => serve!(
+            m::OffsetCommitRequest,
+            groups::offset_commit,
+            access::offset_commit
+        ),
+        ApiKey::OffsetFetch => serve!(
+            m::OffsetFetchRequest,
+            groups::offset_fetch,
+            access::offset_fetch
+        ),
+        ApiKey::ListGroups => serve!(
+            m::ListGroupsRequest,
+            groups::list_groups,
+            access::list_groups
+        ),
+        ApiKey::DescribeGroups => serve!(
+            m::DescribeGroupsRequest,
+            groups::describe_groups,
+            access::describe_groups
+        ),
         _ => Err(undecodable("an API not served".into())),
     };
     // A body with bytes left over is still answered; only one that does not decode closes

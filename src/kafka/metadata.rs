@@ -94,6 +94,17 @@ fn topic_entry(name: &str, partitions: i32, error: i16) -> MetadataResponseTopic
 
 /// Metadata: this broker, and the topics asked for (every queue when the request names none).
 pub async fn metadata(kafka: &Kafka, request: MetadataRequest, version: i16) -> MetadataResponse {
+    metadata_creating(kafka, request, version, true).await
+}
+
+/// Metadata, creating the topics it names only when `may_create` (the caller may produce or
+/// configure) and the request allows it.
+pub async fn metadata_creating(
+    kafka: &Kafka,
+    request: MetadataRequest,
+    version: i16,
+    may_create: bool,
+) -> MetadataResponse {
     let mut response = MetadataResponse::default();
     let mut broker = MetadataResponseBroker::default();
     broker.node_id = BrokerId(NODE_ID);
@@ -113,7 +124,7 @@ pub async fn metadata(kafka: &Kafka, request: MetadataRequest, version: i16) -> 
                 .collect(),
         ),
     };
-    let create = version < 4 || request.allow_auto_topic_creation;
+    let create = may_create && (version < 4 || request.allow_auto_topic_creation);
     match named {
         None => {
             let listed = async {

@@ -11,12 +11,16 @@
 //! - [`fetch`]: Fetch (long poll) and ListOffsets.
 //! - [`groups`]: the group coordinator (FindCoordinator, JoinGroup, SyncGroup, Heartbeat,
 //!   LeaveGroup) and OffsetCommit/OffsetFetch on the groups' cursors.
+//! - [`sasl`]: SaslHandshake and SaslAuthenticate (PLAIN, OAUTHBEARER) with the HTTP gate's
+//!   JWT verifier, and where a connection's authentication stands.
+//! - [`access`]: the capability each API requires (the HTTP route table's) and its refusal.
 //! - [`compression`]: record batches decompressed within a byte budget.
 //! - [`record`]: how a record's key, value, headers and timestamp are stored as a payload.
 //!
 //! Sits beside `http` (never imports it); every SQL statement it needs is in
 //! `storage::kafka` and `storage::queues::reads`.
 
+pub mod access;
 pub mod compression;
 pub mod conn;
 pub mod fetch;
@@ -24,12 +28,14 @@ pub mod groups;
 pub mod metadata;
 pub mod produce;
 pub mod record;
+pub mod sasl;
 pub mod versions;
 
 use std::sync::Arc;
 
 use tokio::sync::{OnceCell, Semaphore};
 
+use crate::auth::jwt::Verifier;
 use crate::settings::KafkaSettings;
 use crate::state::AppState;
 use crate::storage::push::dedup::Secret;
@@ -81,6 +87,16 @@ pub mod code {
     pub const POLICY_VIOLATION: i16 = 44;
     /// The database is away and nothing could be spooled (retriable).
     pub const KAFKA_STORAGE_ERROR: i16 = 56;
+    /// The caller may not use this topic.
+    pub const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
+    /// The caller may not use this group.
+    pub const GROUP_AUTHORIZATION_FAILED: i16 = 30;
+    /// The caller may not use this cluster-wide API.
+    pub const CLUSTER_AUTHORIZATION_FAILED: i16 = 31;
+    /// A SASL message out of turn.
+    pub const ILLEGAL_SASL_STATE: i16 = 34;
+    /// The SASL credentials were refused.
+    pub const SASL_AUTHENTICATION_FAILED: i16 = 58;
     /// The group does not exist.
     pub const GROUP_ID_NOT_FOUND: i16 = 69;
 }
@@ -100,13 +116,21 @@ pub struct Kafka {
     pub groups: groups::Coordinator,
     /// Request bytes held by all connections, in KiB: bounds memory however many connect.
     pub frame_budget: Semaphore,
+    /// The HTTP gate's token verifier; `None` when JWT auth is off (SASL then checks only
+    /// the messages' form).
+    pub verifier: Option<Arc<Verifier>>,
     /// The database's dedup secret, read once (`storage::push::dedup`).
     secret: OnceCell<Secret>,
 }
 
 impl Kafka {
     /// The Kafka side of a broker.
-    pub fn new(state: Arc<AppState>, settings: KafkaSettings, port: u16) -> Self {
+    pub fn new(
+        state: Arc<AppState>,
+        settings: KafkaSettings,
+        port: u16,
+        verifier: Option<Arc<Verifier>>,
+    ) -> Self {
         let budget_kib = (state.settings.max_inflight_bytes / 1024).clamp(1, 1 << 28);
         Self {
             state,
@@ -114,6 +138,7 @@ impl Kafka {
             port,
             groups: groups::Coordinator::default(),
             frame_budget: Semaphore::new(budget_kib),
+            verifier,
             secret: OnceCell::new(),
         }
     }
@@ -179,17 +204,21 @@ pub async fn serve(
                         continue;
                     }
                 };
-                let connection = async move {
-                    match tokio::net::TcpStream::from_std(stream) {
-                        Ok(stream) => conn::serve_connection(stream, peer, &kafka).await,
-                        Err(e) => tracing::warn!(%peer, error = %e, "Kafka connection dropped"),
-                    }
-                    drop(permit);
+                // The connection's future is made on its thread: checking a token may fetch the
+                // JWKS with a client that stays on one thread, so the future is not `Send`.
+                let connection = move || {
+                    tokio::task::spawn_local(async move {
+                        match tokio::net::TcpStream::from_std(stream) {
+                            Ok(stream) => conn::serve_connection(stream, peer, &kafka).await,
+                            Err(e) => tracing::warn!(%peer, error = %e, "Kafka connection dropped"),
+                        }
+                        drop(permit);
+                    });
                 };
                 let spawned = match threads.get(next % threads.len().max(1)) {
-                    Some(thread) => thread.spawn(connection),
+                    Some(thread) => thread.spawn_fn(connection),
                     None => {
-                        tokio::task::spawn_local(connection);
+                        connection();
                         true
                     }
                 };

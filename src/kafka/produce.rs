@@ -53,8 +53,13 @@ pub struct Limits {
     pub records: std::cell::Cell<usize>,
 }
 
-/// Decodes one partition's batches into items; `Err` is the partition's error code.
-fn items_of(records: Option<bytes::Bytes>, limits: &Limits) -> Result<Vec<Item>, (i16, String)> {
+/// Decodes one partition's batches into items stamped with the producer's `sub` (the SASL
+/// token's, as an HTTP push stamps its caller's); `Err` is the partition's error code.
+fn items_of(
+    records: Option<bytes::Bytes>,
+    limits: &Limits,
+    producer_sub: Option<&str>,
+) -> Result<Vec<Item>, (i16, String)> {
     let Some(mut bytes) = records else {
         return Ok(Vec::new());
     };
@@ -131,7 +136,7 @@ fn items_of(records: Option<bytes::Bytes>, limits: &Limits) -> Result<Vec<Item>,
                 message_id,
                 transaction_id,
                 payload: record::to_payload(&parts).into_boxed_str(),
-                producer_sub: None,
+                producer_sub: producer_sub.map(str::to_string),
                 trace_id: None,
                 arrived_at_micros,
             });
@@ -140,8 +145,12 @@ fn items_of(records: Option<bytes::Bytes>, limits: &Limits) -> Result<Vec<Item>,
     Ok(items)
 }
 
-/// Produce.
-pub async fn produce(kafka: &Kafka, request: ProduceRequest, _version: i16) -> ProduceResponse {
+/// Produce; the records carry `producer_sub` (the SASL caller's `sub`) as `producerSub`.
+pub async fn produce(
+    kafka: &Kafka,
+    request: ProduceRequest,
+    producer_sub: Option<&str>,
+) -> ProduceResponse {
     let state = &kafka.state;
     let names: Vec<String> = request
         .topic_data
@@ -188,7 +197,7 @@ pub async fn produce(kafka: &Kafka, request: ProduceRequest, _version: i16) -> P
                 slots.push(slot);
                 continue;
             }
-            match items_of(p.records, &limits) {
+            match items_of(p.records, &limits, producer_sub) {
                 Ok(items) if items.is_empty() => {}
                 Ok(items) => {
                     slot.first_key = Some(items[0].transaction_id.clone());

@@ -7,7 +7,7 @@
 use bytes::BytesMut;
 use kafka_protocol::messages::api_versions_response::ApiVersion;
 use kafka_protocol::messages::{ApiKey, ApiVersionsResponse};
-use kafka_protocol::protocol::{Encodable, StrBytes};
+use kafka_protocol::protocol::Encodable;
 
 use crate::kafka::code;
 
@@ -30,6 +30,8 @@ pub const SERVED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::DeleteTopics, 1, 5),
     (ApiKey::InitProducerId, 0, 4),
+    (ApiKey::SaslHandshake, 0, 1),
+    (ApiKey::SaslAuthenticate, 0, 2),
 ];
 
 /// The versions of `key` served, if it is served.
@@ -59,8 +61,7 @@ pub fn api_versions(error: i16) -> ApiVersionsResponse {
 
 /// Encodes the answer to a request of an API this front door does not serve (or a version of
 /// it the codec cannot read), as that API's response with its top-level error code set to
-/// `UNSUPPORTED_VERSION` (`UNSUPPORTED_SASL_MECHANISM` for a SASL handshake: no mechanism is
-/// enabled). `None` when the API has no top-level error code or the codec cannot write that
+/// `UNSUPPORTED_VERSION`. `None` when the API has no top-level error code or the codec cannot write that
 /// version: the caller closes the connection, since no answer the client could read exists.
 pub fn unserved(key: ApiKey, version: i16, out: &mut BytesMut) -> Option<()> {
     let range = key.valid_versions();
@@ -76,13 +77,6 @@ pub fn unserved(key: ApiKey, version: i16, out: &mut BytesMut) -> Option<()> {
     }
     use kafka_protocol::messages as m;
     match key {
-        ApiKey::SaslHandshake => {
-            let mut response = m::SaslHandshakeResponse::default();
-            response.error_code = code::UNSUPPORTED_SASL_MECHANISM;
-            response.mechanisms = Vec::<StrBytes>::new();
-            response.encode(out, version).ok()
-        }
-        ApiKey::SaslAuthenticate => answer!(m::SaslAuthenticateResponse, code::UNSUPPORTED_VERSION),
         ApiKey::DescribeAcls => answer!(m::DescribeAclsResponse, code::UNSUPPORTED_VERSION),
         ApiKey::EndTxn => answer!(m::EndTxnResponse, code::UNSUPPORTED_VERSION),
         ApiKey::AddOffsetsToTxn => answer!(m::AddOffsetsToTxnResponse, code::UNSUPPORTED_VERSION),

@@ -5,7 +5,12 @@
 # - kcat (Debian's package, librdkafka 2.0.2) when installed: -L, -P with keys, -C back;
 # - tests/compat/kafka.py with confluent-kafka and kafka-python (requirements-kafka.txt): every
 #   compression codec, keys and headers, an idempotent producer, a group that commits and
-#   resumes, a rebalance between two members, HTTP push → Kafka fetch, Kafka produce → HTTP pop.
+#   resumes, a rebalance between two members, HTTP push → Kafka fetch, Kafka produce → HTTP pop;
+# then a second broker with JWT_ENABLED=true (same database), where
+# - kcat authenticates with SASL PLAIN (an HS256 token as the password): -L, -P, -C;
+# - tests/compat/kafka_sasl.py: confluent-kafka with SASL PLAIN and with OAUTHBEARER (oauth_cb),
+#   a forged token refused, a write-only token that may not consume, a short-lived token
+#   refreshed and re-authenticated (KIP-368).
 # Exits non-zero when a check fails. tests/compat/run.sh (so CI) runs it after tls.sh.
 #
 #   bash tests/compat/kafka.sh                                           # builds the release broker
@@ -21,8 +26,10 @@ broker_bin=${QUEEN_BROKER_BIN:-$target/release/queen-broker}
 
 tmp=$(mktemp -d -t queen-compat-kafka-XXXXXX)
 broker_pid=""
+auth_pid=""
 cleanup() {
     if [ -n "$broker_pid" ]; then kill "$broker_pid" 2>/dev/null || true; wait "$broker_pid" 2>/dev/null || true; fi
+    if [ -n "$auth_pid" ]; then kill "$auth_pid" 2>/dev/null || true; wait "$auth_pid" 2>/dev/null || true; fi
     stop_private_pg
     rm -rf "$tmp"
 }
@@ -47,7 +54,8 @@ HOST=127.0.0.1 PORT=$port QUEEN_KAFKA_PORT=$kafka_port FILE_BUFFER_DIR="$tmp/spo
     LOG_LEVEL=${LOG_LEVEL:-warn} QUEEN_CONFIG="" \
     "$broker_bin" >"$tmp/broker.log" 2>&1 &
 broker_pid=$!
-"$venv/bin/python" - "$port" <<'PY'
+wait_healthy() {
+    "$venv/bin/python" - "$1" <<'PY'
 import sys, time, urllib.request
 url = f"http://127.0.0.1:{sys.argv[1]}/health"
 for _ in range(300):
@@ -60,6 +68,8 @@ for _ in range(300):
     time.sleep(0.1)
 sys.exit("compat-kafka: the broker did not become healthy within 30 s")
 PY
+}
+wait_healthy "$port"
 echo "compat-kafka: broker on port $port, Kafka on $kafka_port"
 
 status=0
@@ -109,5 +119,70 @@ PY
 if [ "$status" -ne 0 ]; then
     echo "compat-kafka: broker log (last 50 lines):" >&2
     tail -n 50 "$tmp/broker.log" >&2
+fi
+
+# A second broker on the same database with JWT auth on: the Kafka listener demands SASL.
+secret="compat-kafka-secret-$RANDOM$RANDOM-of-at-least-32-bytes"
+auth_port=$(free_port)
+auth_kafka_port=$(free_port)
+mkdir -p "$tmp/spool-auth"
+HOST=127.0.0.1 PORT=$auth_port QUEEN_KAFKA_PORT=$auth_kafka_port FILE_BUFFER_DIR="$tmp/spool-auth" \
+    JWT_ENABLED=true JWT_SECRET="$secret" \
+    LOG_LEVEL=${LOG_LEVEL:-warn} QUEEN_CONFIG="" \
+    "$broker_bin" >"$tmp/broker-auth.log" 2>&1 &
+auth_pid=$!
+wait_healthy "$auth_port"
+echo "compat-kafka: broker with JWT_ENABLED on port $auth_port, Kafka (SASL) on $auth_kafka_port"
+auth_status=0
+if command -v kcat >/dev/null; then
+    bootstrap=127.0.0.1:$auth_kafka_port
+    jwt=$("$venv/bin/python" - "$secret" <<'PY'
+import base64, hashlib, hmac, json, sys, time
+b64 = lambda raw: base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+now = int(time.time())
+head = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+body = b64(json.dumps({"sub": "kcat", "role": "read-write", "iat": now, "exp": now + 600}).encode())
+sig = hmac.new(sys.argv[1].encode(), f"{head}.{body}".encode(), hashlib.sha256).digest()
+print(f"{head}.{body}.{b64(sig)}")
+PY
+)
+    sasl=(-X security.protocol=SASL_PLAINTEXT -X sasl.mechanisms=PLAIN -X sasl.username=kcat -X "sasl.password=$jwt")
+    topic=kcat-sasl-$RANDOM$RANDOM
+    kcat -b "$bootstrap" "${sasl[@]}" -L | grep -q "broker 0 at 127.0.0.1:$auth_kafka_port" \
+        && echo "compat-kafka: ok   kcat SASL PLAIN -L lists this broker" \
+        || { echo "compat-kafka: FAIL kcat SASL PLAIN -L"; auth_status=1; }
+    printf 'k1:{"n":1}\nk2:plain text\n' | kcat -b "$bootstrap" "${sasl[@]}" -P -t "$topic" -K: \
+        && echo "compat-kafka: ok   kcat SASL PLAIN -P produced 2 keyed records" \
+        || { echo "compat-kafka: FAIL kcat SASL PLAIN -P"; auth_status=1; }
+    got=$(kcat -b "$bootstrap" "${sasl[@]}" -C -t "$topic" -o beginning -e -q -f '%o %k %s\n')
+    if [ "$got" = $'0 k1 {"n":1}\n1 k2 plain text' ]; then
+        echo "compat-kafka: ok   kcat SASL PLAIN -C read them back"
+    else
+        echo "compat-kafka: FAIL kcat SASL PLAIN -C got: $got"; auth_status=1
+    fi
+    if timeout 20 kcat -b "$bootstrap" -X security.protocol=SASL_PLAINTEXT -X sasl.mechanisms=PLAIN \
+        -X sasl.username=kcat -X sasl.password=not-a-token -L -m 5 >/dev/null 2>&1; then
+        echo "compat-kafka: FAIL kcat with a password that is no token listed metadata"; auth_status=1
+    else
+        echo "compat-kafka: ok   kcat with a password that is no token is refused"
+    fi
+    if timeout 20 kcat -b "$bootstrap" -L -m 5 >/dev/null 2>&1; then
+        echo "compat-kafka: FAIL kcat without SASL listed metadata"; auth_status=1
+    else
+        echo "compat-kafka: ok   kcat without SASL is refused"
+    fi
+fi
+"$venv/bin/python" "$root/tests/compat/kafka_sasl.py" "$auth_port" "$auth_kafka_port" "$secret" || auth_status=$?
+# The short-lived token's connections were re-authenticated (KIP-368), not cut at its expiry.
+if grep -q "was not re-authenticated" "$tmp/broker-auth.log"; then
+    echo "compat-kafka: FAIL a SASL session ended at its token's expiry: the client did not re-authenticate"
+    auth_status=1
+else
+    echo "compat-kafka: ok   no SASL session was cut at its token's expiry (librdkafka re-authenticated)"
+fi
+if [ "$auth_status" -ne 0 ]; then
+    echo "compat-kafka: broker with JWT_ENABLED, log (last 50 lines):" >&2
+    tail -n 50 "$tmp/broker-auth.log" >&2
+    status=1
 fi
 exit "$status"

@@ -2,21 +2,26 @@
 //! `kafka-protocol` crate against a real broker and PostgreSQL: ApiVersions in both request
 //! styles, an API not served answered with its error, hostile frames closing only their own
 //! connection, produce → fetch → HTTP pop with keys and headers, idempotent retries stored
-//! once, and a fetch long poll woken by an HTTP push. Real clients (librdkafka, kafka-python,
+//! once, a fetch long poll woken by an HTTP push, and SASL (PLAIN, OAUTHBEARER; both exchange
+//! styles) with the HTTP tokens and roles when JWT auth is on. Real clients (librdkafka, kafka-python,
 //! kcat) run in tests/compat/kafka.sh.
 
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::indexmap::IndexMap;
+use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ApiVersionsResponse, BrokerId, EndTxnRequest, EndTxnResponse,
-    FetchRequest, FetchResponse, InitProducerIdRequest, InitProducerIdResponse, ListGroupsRequest,
-    ListGroupsResponse, ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse,
-    ProduceRequest, ProduceResponse, ProducerId, RequestHeader, ResponseHeader,
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, BrokerId, CreateTopicsRequest,
+    CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse, EndTxnRequest, EndTxnResponse,
+    FetchRequest, FetchResponse, GroupId, InitProducerIdRequest, InitProducerIdResponse,
+    JoinGroupRequest, JoinGroupResponse, ListGroupsRequest, ListGroupsResponse, ListOffsetsRequest,
+    ListOffsetsResponse, MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse,
+    ProducerId, RequestHeader, ResponseHeader, SaslAuthenticateRequest, SaslAuthenticateResponse,
     SaslHandshakeRequest, SaslHandshakeResponse, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
@@ -27,6 +32,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::support::auth;
 use crate::support::consuming::{messages, pop_partition};
 use crate::support::{fresh_db, spawn_app_with, test_settings, TestApp, TestDb};
 
@@ -108,6 +114,20 @@ impl Conn {
     }
 }
 
+/// A request's bytes (header and body), without its size.
+fn raw_request<Req: Encodable>(key: ApiKey, version: i16, request: &Req) -> BytesMut {
+    let mut header = RequestHeader::default();
+    header.request_api_key = key as i16;
+    header.request_api_version = version;
+    header.correlation_id = 1;
+    let mut buf = BytesMut::new();
+    header
+        .encode(&mut buf, key.request_header_version(version))
+        .expect("header encodes");
+    request.encode(&mut buf, version).expect("request encodes");
+    buf
+}
+
 fn versions_of(response: &ApiVersionsResponse, key: ApiKey) -> Option<(i16, i16)> {
     response
         .api_keys
@@ -167,11 +187,6 @@ async fn an_api_not_served_is_answered_with_its_error_and_the_connection_stays()
     let db = fresh_db().await;
     let (_app, port) = kafka_app(&db, &[]).await;
     let mut conn = Conn::open(port).await;
-
-    let mut sasl = SaslHandshakeRequest::default();
-    sasl.mechanism = StrBytes::from_static_str("PLAIN");
-    let answer: SaslHandshakeResponse = conn.call(ApiKey::SaslHandshake, 1, &sasl).await;
-    assert_eq!(answer.error_code, 33, "UNSUPPORTED_SASL_MECHANISM");
 
     let txn: EndTxnResponse = conn
         .call(ApiKey::EndTxn, 1, &EndTxnRequest::default())
@@ -695,4 +710,442 @@ async fn declared_record_counts_and_compression_bombs_are_refused_without_the_me
     assert_eq!(v.error_code, 0);
     assert!(db.stored("bombs", "0").await.is_empty());
     assert_eq!(app.get("/health").await.status, 200);
+}
+
+// SASL: the same tokens and roles as HTTP (docs/kafka.md, "Authentication").
+
+async fn auth_kafka_app(db: &TestDb) -> (TestApp, u16) {
+    kafka_app(
+        db,
+        &[
+            ("JWT_ENABLED", "true"),
+            ("JWT_SECRET", auth::SECRET),
+            ("JWT_ISSUER", auth::ISSUER),
+            ("JWT_AUDIENCE", auth::AUDIENCE),
+        ],
+    )
+    .await
+}
+
+fn plain(token: &str) -> Bytes {
+    Bytes::from(format!("\0kafka-user\0{token}"))
+}
+
+fn oauth_bearer(token: &str) -> Bytes {
+    Bytes::from(format!("n,,\x01auth=Bearer {token}\x01\x01"))
+}
+
+impl Conn {
+    /// SaslHandshake v1 with `mechanism`, then SaslAuthenticate v2 with `message`.
+    async fn authenticate(
+        &mut self,
+        mechanism: &'static str,
+        message: Bytes,
+    ) -> SaslAuthenticateResponse {
+        let mut handshake = SaslHandshakeRequest::default();
+        handshake.mechanism = StrBytes::from_static_str(mechanism);
+        let answer: SaslHandshakeResponse = self.call(ApiKey::SaslHandshake, 1, &handshake).await;
+        assert_eq!(answer.error_code, 0, "{mechanism} is served");
+        let mechanisms: Vec<&str> = answer.mechanisms.iter().map(|m| m.as_str()).collect();
+        assert_eq!(mechanisms, ["PLAIN", "OAUTHBEARER"]);
+        let mut request = SaslAuthenticateRequest::default();
+        request.auth_bytes = message;
+        self.call(ApiKey::SaslAuthenticate, 2, &request).await
+    }
+
+    /// A connection authenticated with `mechanism` and a token of `role`.
+    async fn signed_in(port: u16, mechanism: &'static str, role: &str) -> Conn {
+        let token = auth::hs256(&auth::claims("kafka-client", role));
+        let message = match mechanism {
+            "PLAIN" => plain(&token),
+            _ => oauth_bearer(&token),
+        };
+        let mut conn = Conn::open(port).await;
+        let answer = conn.authenticate(mechanism, message).await;
+        assert_eq!(answer.error_code, 0, "{:?}", answer.error_message);
+        conn
+    }
+}
+
+fn metadata_of(topic: &'static str) -> MetadataRequest {
+    let mut t = MetadataRequestTopic::default();
+    t.name = Some(TopicName(StrBytes::from_static_str(topic)));
+    let mut request = MetadataRequest::default();
+    request.topics = Some(vec![t]);
+    request.allow_auto_topic_creation = true;
+    request
+}
+
+#[actix_web::test]
+async fn with_auth_on_nothing_but_api_versions_and_sasl_is_served_before_authentication() {
+    let db = fresh_db().await;
+    let (_app, port) = auth_kafka_app(&db).await;
+
+    let mut conn = Conn::open(port).await;
+    let versions: ApiVersionsResponse = conn
+        .call(ApiKey::ApiVersions, 0, &ApiVersionsRequest::default())
+        .await;
+    assert_eq!(versions_of(&versions, ApiKey::SaslHandshake), Some((0, 1)));
+    assert_eq!(
+        versions_of(&versions, ApiKey::SaslAuthenticate),
+        Some((0, 2))
+    );
+    conn.send_frame(&raw_request(ApiKey::Metadata, 9, &metadata_of("t")))
+        .await;
+    assert!(conn.closed().await, "Metadata before authentication closes");
+
+    // A SaslAuthenticate without a handshake: ILLEGAL_SASL_STATE (34), then closed.
+    let mut conn = Conn::open(port).await;
+    let mut request = SaslAuthenticateRequest::default();
+    request.auth_bytes = plain("x");
+    let answer: SaslAuthenticateResponse = conn.call(ApiKey::SaslAuthenticate, 1, &request).await;
+    assert_eq!(answer.error_code, 34);
+    assert!(conn.closed().await);
+
+    // A mechanism not served: UNSUPPORTED_SASL_MECHANISM (33) with the list, then closed.
+    let mut conn = Conn::open(port).await;
+    let mut handshake = SaslHandshakeRequest::default();
+    handshake.mechanism = StrBytes::from_static_str("SCRAM-SHA-256");
+    let answer: SaslHandshakeResponse = conn.call(ApiKey::SaslHandshake, 1, &handshake).await;
+    assert_eq!(answer.error_code, 33);
+    assert_eq!(answer.mechanisms.len(), 2);
+    assert!(conn.closed().await);
+}
+
+#[actix_web::test]
+async fn sasl_plain_and_oauthbearer_take_the_http_tokens_and_refuse_bad_ones() {
+    let db = fresh_db().await;
+    let (_app, port) = auth_kafka_app(&db).await;
+
+    for mechanism in ["PLAIN", "OAUTHBEARER"] {
+        let mut conn = Conn::open(port).await;
+        let token = auth::hs256(&auth::claims("kafka-client", "read-write"));
+        let message = if mechanism == "PLAIN" {
+            plain(&token)
+        } else {
+            oauth_bearer(&token)
+        };
+        let answer = conn.authenticate(mechanism, message).await;
+        assert_eq!(
+            answer.error_code, 0,
+            "{mechanism}: {:?}",
+            answer.error_message
+        );
+        // KIP-368: the token's remaining lifetime (claims() expire in 60 s).
+        assert!(
+            (1..=60_000).contains(&answer.session_lifetime_ms),
+            "{mechanism}: {}",
+            answer.session_lifetime_ms
+        );
+        let produced: ProduceResponse = conn
+            .call(
+                ApiKey::Produce,
+                9,
+                &produce_request(
+                    "sasl-rw",
+                    0,
+                    batch(&[record(0, None, br#"{"n":1}"#, None)], Compression::None),
+                    -1,
+                ),
+            )
+            .await;
+        assert_eq!(
+            produced.responses[0].partition_responses[0].error_code, 0,
+            "{mechanism}"
+        );
+        let fetched_back: FetchResponse = conn
+            .call(ApiKey::Fetch, 12, &fetch_request("sasl-rw", 0, 0, 0))
+            .await;
+        assert_eq!(
+            fetched_back.responses[0].partitions[0].error_code, 0,
+            "{mechanism}"
+        );
+        assert!(!fetched(&fetched_back).is_empty(), "{mechanism}");
+    }
+
+    let wrong_signature = auth::sign(
+        jsonwebtoken::Algorithm::HS256,
+        None,
+        &auth::claims("kafka-client", "admin"),
+        &jsonwebtoken::EncodingKey::from_secret(b"another-secret-of-at-least-32-bytes")
+            .expect("an HMAC key"),
+    );
+    let mut expired = auth::claims("kafka-client", "admin");
+    expired["exp"] = json!(auth::now() - 3600);
+    expired["iat"] = json!(auth::now() - 7200);
+    let expired = auth::hs256(&expired);
+    let mut other_issuer = auth::claims("kafka-client", "admin");
+    other_issuer["iss"] = json!("https://evil.test");
+    let other_issuer = auth::hs256(&other_issuer);
+    let good = auth::hs256(&auth::claims("kafka-client", "admin"));
+    for (what, mechanism, message, text) in [
+        (
+            "wrong signature",
+            "PLAIN",
+            plain(&wrong_signature),
+            "Invalid token signature",
+        ),
+        (
+            "wrong signature",
+            "OAUTHBEARER",
+            oauth_bearer(&wrong_signature),
+            "Invalid token signature",
+        ),
+        ("expired", "PLAIN", plain(&expired), "Token has expired"),
+        (
+            "expired",
+            "OAUTHBEARER",
+            oauth_bearer(&expired),
+            "Token has expired",
+        ),
+        (
+            "other issuer",
+            "PLAIN",
+            plain(&other_issuer),
+            "Invalid token issuer",
+        ),
+        (
+            "not a token",
+            "PLAIN",
+            plain("secret"),
+            "Token decode error",
+        ),
+        (
+            "authzid of another sub",
+            "PLAIN",
+            Bytes::from(format!("mallory\0u\0{good}")),
+            "not the token's sub",
+        ),
+        (
+            "malformed",
+            "OAUTHBEARER",
+            Bytes::from(format!("n,,auth=Bearer {good}")),
+            "OAUTHBEARER",
+        ),
+    ] {
+        let mut conn = Conn::open(port).await;
+        let answer = conn.authenticate(mechanism, message).await;
+        assert_eq!(
+            answer.error_code, 58,
+            "{what} ({mechanism}): SASL_AUTHENTICATION_FAILED"
+        );
+        let message = answer
+            .error_message
+            .map(|m| m.to_string())
+            .unwrap_or_default();
+        assert!(message.contains(text), "{what} ({mechanism}): {message}");
+        assert!(
+            conn.closed().await,
+            "{what} ({mechanism}) closes the connection"
+        );
+    }
+}
+
+#[actix_web::test]
+async fn the_v0_handshake_takes_the_token_as_a_raw_frame() {
+    let db = fresh_db().await;
+    let (_app, port) = auth_kafka_app(&db).await;
+    let token = auth::hs256(&auth::claims("kafka-client", "read-write"));
+    for (mechanism, message) in [
+        ("PLAIN", plain(&token)),
+        ("OAUTHBEARER", oauth_bearer(&token)),
+    ] {
+        let mut conn = Conn::open(port).await;
+        let mut handshake = SaslHandshakeRequest::default();
+        handshake.mechanism = StrBytes::from_static_str(mechanism);
+        let answer: SaslHandshakeResponse = conn.call(ApiKey::SaslHandshake, 0, &handshake).await;
+        assert_eq!(answer.error_code, 0);
+        conn.send_frame(&message).await;
+        let reply = conn.read_frame().await.expect("an answer to the raw token");
+        assert!(
+            reply.is_empty(),
+            "{mechanism}: the server's last message is empty"
+        );
+        let metadata: MetadataResponse = conn.call(ApiKey::Metadata, 9, &metadata_of("raw")).await;
+        assert_eq!(metadata.topics[0].error_code, 0, "{mechanism}");
+    }
+    // A bad raw token: no answer, the connection closes.
+    let mut conn = Conn::open(port).await;
+    let mut handshake = SaslHandshakeRequest::default();
+    handshake.mechanism = StrBytes::from_static_str("PLAIN");
+    let _: SaslHandshakeResponse = conn.call(ApiKey::SaslHandshake, 0, &handshake).await;
+    conn.send_frame(&plain("not-a-token")).await;
+    assert!(conn.closed().await);
+}
+
+#[actix_web::test]
+async fn roles_decide_each_api_as_they_decide_the_http_routes() {
+    let db = fresh_db().await;
+    let (_app, port) = auth_kafka_app(&db).await;
+    let one = || batch(&[record(0, None, br#"{"n":1}"#, None)], Compression::None);
+
+    // write-only (may push): produce and an idempotent producer id; no fetch, no groups, no
+    // topic administration.
+    let mut writer = Conn::signed_in(port, "OAUTHBEARER", "write-only").await;
+    let metadata: MetadataResponse = writer
+        .call(ApiKey::Metadata, 9, &metadata_of("roles"))
+        .await;
+    assert_eq!(
+        metadata.topics[0].error_code, 0,
+        "a producer's Metadata creates the topic"
+    );
+    let produced: ProduceResponse = writer
+        .call(ApiKey::Produce, 9, &produce_request("roles", 0, one(), -1))
+        .await;
+    assert_eq!(produced.responses[0].partition_responses[0].error_code, 0);
+    let id: InitProducerIdResponse = writer
+        .call(ApiKey::InitProducerId, 4, &InitProducerIdRequest::default())
+        .await;
+    assert_eq!(id.error_code, 0);
+    let fetch: FetchResponse = writer
+        .call(ApiKey::Fetch, 12, &fetch_request("roles", 0, 0, 0))
+        .await;
+    assert_eq!(
+        fetch.responses[0].partitions[0].error_code, 29,
+        "TOPIC_AUTHORIZATION_FAILED"
+    );
+    let mut offsets = ListOffsetsRequest::default();
+    let mut t = ListOffsetsTopic::default();
+    t.name = TopicName(StrBytes::from_static_str("roles"));
+    let mut p = ListOffsetsPartition::default();
+    p.timestamp = -2;
+    t.partitions = vec![p];
+    offsets.topics = vec![t];
+    let listed: ListOffsetsResponse = writer.call(ApiKey::ListOffsets, 7, &offsets).await;
+    assert_eq!(listed.topics[0].partitions[0].error_code, 29);
+    let mut join = JoinGroupRequest::default();
+    join.group_id = GroupId(StrBytes::from_static_str("g"));
+    join.session_timeout_ms = 10_000;
+    join.rebalance_timeout_ms = 10_000;
+    join.protocol_type = StrBytes::from_static_str("consumer");
+    let joined: JoinGroupResponse = writer.call(ApiKey::JoinGroup, 7, &join).await;
+    assert_eq!(joined.error_code, 30, "GROUP_AUTHORIZATION_FAILED");
+    let mut create = CreateTopicsRequest::default();
+    let mut topic = CreatableTopic::default();
+    topic.name = TopicName(StrBytes::from_static_str("made-by-writer"));
+    topic.num_partitions = 1;
+    topic.replication_factor = 1;
+    create.topics = vec![topic];
+    create.timeout_ms = 5000;
+    let created: CreateTopicsResponse = writer.call(ApiKey::CreateTopics, 7, &create).await;
+    assert_eq!(created.topics[0].error_code, 29);
+
+    // read-only: Metadata (without creating), the group views; no produce, no fetch.
+    let mut reader = Conn::signed_in(port, "PLAIN", "read-only").await;
+    let metadata: MetadataResponse = reader
+        .call(ApiKey::Metadata, 9, &metadata_of("never-made"))
+        .await;
+    assert_eq!(
+        metadata.topics[0].error_code, 3,
+        "a reader's Metadata creates nothing"
+    );
+    let produced: ProduceResponse = reader
+        .call(ApiKey::Produce, 9, &produce_request("roles", 0, one(), -1))
+        .await;
+    assert_eq!(produced.responses[0].partition_responses[0].error_code, 29);
+    let id: InitProducerIdResponse = reader
+        .call(ApiKey::InitProducerId, 4, &InitProducerIdRequest::default())
+        .await;
+    assert_eq!(id.error_code, 31, "CLUSTER_AUTHORIZATION_FAILED");
+    let groups: ListGroupsResponse = reader
+        .call(ApiKey::ListGroups, 4, &ListGroupsRequest::default())
+        .await;
+    assert_eq!(groups.error_code, 0);
+
+    // read-write: consumes and creates topics, but deleting a queue is an operator's (admin).
+    let mut rw = Conn::signed_in(port, "PLAIN", "read-write").await;
+    let fetch: FetchResponse = rw
+        .call(ApiKey::Fetch, 12, &fetch_request("roles", 0, 0, 0))
+        .await;
+    assert_eq!(fetch.responses[0].partitions[0].error_code, 0);
+    assert_eq!(fetched(&fetch).len(), 1);
+    let created: CreateTopicsResponse = rw.call(ApiKey::CreateTopics, 7, &create).await;
+    assert_eq!(created.topics[0].error_code, 0);
+    let mut delete = DeleteTopicsRequest::default();
+    delete.topic_names = vec![TopicName(StrBytes::from_static_str("made-by-writer"))];
+    delete.timeout_ms = 5000;
+    let deleted: DeleteTopicsResponse = rw.call(ApiKey::DeleteTopics, 5, &delete).await;
+    assert_eq!(deleted.responses[0].error_code, 29);
+    let mut admin = Conn::signed_in(port, "OAUTHBEARER", "admin").await;
+    let deleted: DeleteTopicsResponse = admin.call(ApiKey::DeleteTopics, 5, &delete).await;
+    assert_eq!(deleted.responses[0].error_code, 0);
+}
+
+#[actix_web::test]
+async fn a_session_ends_at_the_token_expiry_unless_the_client_re_authenticates() {
+    let db = fresh_db().await;
+    let (_app, port) = auth_kafka_app(&db).await;
+    let short = |secs: i64| {
+        let mut claims = auth::claims("kafka-client", "read-write");
+        claims["exp"] = json!(auth::now() + secs);
+        auth::hs256(&claims)
+    };
+
+    // Not re-authenticated: closed at the expiry.
+    let mut conn = Conn::open(port).await;
+    let answer = conn
+        .authenticate("OAUTHBEARER", oauth_bearer(&short(2)))
+        .await;
+    assert!(
+        (1..=2_000).contains(&answer.session_lifetime_ms),
+        "{}",
+        answer.session_lifetime_ms
+    );
+    let started = Instant::now();
+    assert!(conn.closed().await, "closed when the token expires");
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    // Re-authenticated (KIP-368: a new handshake and token on the same connection): served
+    // past the first token's expiry.
+    let mut conn = Conn::open(port).await;
+    let first = conn.authenticate("PLAIN", plain(&short(2))).await;
+    assert_eq!(first.error_code, 0);
+    let again = conn.authenticate("PLAIN", plain(&short(60))).await;
+    assert_eq!(again.error_code, 0);
+    assert!(
+        again.session_lifetime_ms > 50_000,
+        "{}",
+        again.session_lifetime_ms
+    );
+    let mut byte = [0u8; 1];
+    let quiet = tokio::time::timeout(Duration::from_secs(4), conn.stream.read(&mut byte)).await;
+    assert!(quiet.is_err(), "still open after the first token's expiry");
+    let metadata: MetadataResponse = conn.call(ApiKey::Metadata, 9, &metadata_of("reauth")).await;
+    assert_eq!(metadata.topics[0].error_code, 0);
+
+    // Re-authentication as someone else is refused.
+    let other = auth::hs256(&auth::claims("someone-else", "read-write"));
+    let refused = conn.authenticate("PLAIN", plain(&other)).await;
+    assert_eq!(refused.error_code, 58);
+    assert!(conn.closed().await);
+}
+
+#[actix_web::test]
+async fn with_auth_off_a_sasl_client_connects_and_nothing_is_verified() {
+    let db = fresh_db().await;
+    let (_app, port) = kafka_app(&db, &[]).await;
+    let mut conn = Conn::open(port).await;
+    let answer = conn.authenticate("PLAIN", plain("anything")).await;
+    assert_eq!((answer.error_code, answer.session_lifetime_ms), (0, 0));
+    let metadata: MetadataResponse = conn.call(ApiKey::Metadata, 9, &metadata_of("open")).await;
+    assert_eq!(metadata.topics[0].error_code, 0);
+    // The message's form is still checked.
+    let mut conn = Conn::open(port).await;
+    let answer = conn
+        .authenticate("OAUTHBEARER", Bytes::from_static(b"not rfc 7628"))
+        .await;
+    assert_eq!(answer.error_code, 58);
+}
+
+#[test]
+fn each_kafka_api_requires_what_the_http_route_doing_the_same_requires() {
+    let routes = queen_broker::http::routes();
+    for (key, capability, like) in queen_broker::kafka::access::REQUIRED {
+        let (method, path) = like.split_once(' ').expect("METHOD /path");
+        let route = routes
+            .iter()
+            .find(|r| r.method.as_str() == method && r.path == path)
+            .unwrap_or_else(|| panic!("{key:?}: no HTTP route {like}"));
+        assert_eq!(route.capability, *capability, "{key:?} is like {like}");
+    }
 }
