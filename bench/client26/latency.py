@@ -6,8 +6,10 @@ process cannot push the rates asked for, so the load is several processes, each 
 client and event loop (multiprocessing, spawn), sharing one start time; the parent merges what
 they measured.
 
-Every run uses a fresh queue whose partitions are touched first (one message each, not
-measured), so a 10 000-partition run measures existing partitions, not their creation. Then,
+Every run uses a fresh queue. Up to `--touch-max` (1 000) partitions, they are touched first (one
+message each, not measured), so the run measures existing partitions, not their creation; above
+it (10 000) they are not (old-style pops would need one pop per touched partition to get past the
+touch messages, minutes on this machine), so the measured pushes create most of them. Then,
 from the shared start time: `--warmup` seconds, `--seconds` measured, then (with consumers) the
 backlog drains for at most `--drain` seconds. A message is measured when its send time (carried
 in the payload) falls inside the measured window; latency = handler time − send time.
@@ -38,6 +40,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import resource
 import sys
 import time
@@ -87,7 +90,8 @@ async def producer(index, args, shared, results):
         async with touch:
             await client.queue(args.queue).partition(f"p{p}").push([{"data": {"t": 0, "k": -1}}])
 
-    await asyncio.gather(*(touch_one(p) for p in mine))
+    if args.partitions <= args.touch_max:
+        await asyncio.gather(*(touch_one(p) for p in mine))
     with shared["ready"].get_lock():
         shared["ready"].value += 1
     await wait_event(shared["go"])
@@ -234,15 +238,22 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--drain", type=float, default=10.0)
     ap.add_argument("--producer-procs", type=int, default=4)
-    ap.add_argument("--producer-tasks", type=int, default=4, help="push tasks per process")
+    ap.add_argument("--producer-tasks", type=int, default=8, help="push tasks per process")
     ap.add_argument("--consumer-procs", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=4,
                     help="consume() workers per consumer process (default, oldstyle)")
     ap.add_argument("--batch", type=int, default=10, help="messages per push call")
+    ap.add_argument("--touch-max", type=int, default=1000,
+                    help="touch the partitions first only up to this many: a consumer that pops "
+                         "one partition at a time needs a pop per touched partition to get past "
+                         "them, which at 10 000 partitions outlasts the warm-up")
+    ap.add_argument("--histogram", action="store_true",
+                    help="also print the latencies' counts per 100 ms (the last bucket: the rest)")
     args = ap.parse_args()
     if args.pattern == "push-only":
         args.rate = 0.0
     args.queue = f"lat-{args.pattern}-{uuid.uuid4().hex[:8]}"
+    load_before = os.getloadavg()[0]
     asyncio.run(create_queue(args.url, args.queue))
 
     ctx = mp.get_context("spawn")
@@ -311,7 +322,10 @@ def main() -> None:
         "pushCalls": sum(s["calls"] for s in producers.values()),
         "pushErrors": sum(s["errors"] for s in producers.values()),
         "behindCalls": sum(s["behind"] for s in producers.values()),
+        "touched": args.partitions <= args.touch_max,
         "producersCpuSeconds": round(sum(s["cpu"] for s in producers.values()), 2),
+        # The machine's 1-minute load average before and after the run (2 cores, shared).
+        "loadAvg": [round(load_before, 1), round(os.getloadavg()[0], 1)],
     }
     if consumer_procs:
         line.update({
@@ -327,6 +341,11 @@ def main() -> None:
             "maxMs": round(latencies[-1], 2) if latencies else None,
             "consumersCpuSeconds": round(sum(s["cpu"] for s in consumers.values()), 2),
         })
+    if args.histogram and latencies:
+        counts = [0] * 31
+        for x in latencies:
+            counts[min(30, int(x // 100))] += 1
+        line["histogram100Ms"] = counts
     print(json.dumps(line), flush=True)
 
 

@@ -22,6 +22,7 @@ target=${CARGO_TARGET_DIR:-$root/target}
 broker_bin=${QUEEN_BROKER_BIN:-$target/release/queen-broker}
 venv=${QUEEN_VENV26:-$target/compat-venv-2.6.0}
 rounds=${ROUNDS:-2}
+first_round=${FIRST_ROUND:-1}  # the number of the first round (to continue a series)
 fractions=${FRACTIONS:-"0.05 0.5"}
 partitions_list=${PARTITIONS:-"100 10000"}
 patterns=${PATTERNS:-"default oldstyle pinned"}
@@ -71,7 +72,7 @@ lat() {
     "$venv/bin/python" "$root/bench/client26/latency.py" --url "http://127.0.0.1:$port" "$@" \
         2>>"$tmp/client.log" | grep '^{'
 }
-for round in $(seq "$rounds"); do
+for round in $(seq "$first_round" $((first_round + rounds - 1))); do
     for partitions in $partitions_list; do
         line=$(lat --pattern push-only --partitions "$partitions" --seconds "$push_seconds" --batch 100)
         push_rate=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["producedRate"])' "$line")
