@@ -69,7 +69,8 @@ snapshot() {
         >"$metrics_dir/$(printf %02d $run_no)-$1.prom" || true
 }
 lat() {
-    "$venv/bin/python" "$root/bench/client26/latency.py" --url "http://127.0.0.1:$port" "$@" \
+    # shellcheck disable=SC2086  # LAT_ARGS: more latency.py options (e.g. --histogram)
+    "$venv/bin/python" "$root/bench/client26/latency.py" --url "http://127.0.0.1:$port" "$@" ${LAT_ARGS:-} \
         2>>"$tmp/client.log" | grep '^{'
 }
 for round in $(seq "$first_round" $((first_round + rounds - 1))); do
