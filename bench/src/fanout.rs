@@ -69,7 +69,11 @@ async fn cache_reads(port: u16) -> (u64, u64) {
     let Ok(r) = conn.request("GET", "/metrics/prometheus", b"").await else {
         return (0, 0);
     };
-    let text = String::from_utf8_lossy(&r.body);
+    reads_in(&String::from_utf8_lossy(&r.body))
+}
+
+/// (hits, misses) of `queen_segment_cache_reads_total` in a Prometheus text exposition.
+fn reads_in(text: &str) -> (u64, u64) {
     let read = |result: &str| {
         let key = format!("queen_segment_cache_reads_total{{result=\"{result}\"}}");
         text.lines()
@@ -344,17 +348,20 @@ pub fn table(rows: &[FanoutRow]) -> String {
         "cache hit share"
     );
     for r in rows {
-        let name = if r.groups == 0 {
-            "push only".to_string()
+        let (name, delivered) = if r.groups == 0 {
+            ("push only".to_string(), "—".to_string())
         } else {
-            format!("{} group(s)", r.groups)
+            (
+                format!("{} group(s)", r.groups),
+                r.delivered_msgs_per_sec.text(0),
+            )
         };
         s.push_str(&format!(
             "{:<12} {:>22} {:>18} {:>22} {:>22} {:>16} {:>20} {:>18} {:>18} {:>16} {:>16}\n",
             name,
             r.produced_msgs_per_sec.text(0),
             r.produced_vs_push_only.text(2),
-            r.delivered_msgs_per_sec.text(0),
+            delivered,
             r.median_group_msgs_per_sec.text(0),
             r.fanout_factor.text(1),
             r.max_lag_at_end.text(0),
@@ -365,4 +372,57 @@ pub fn table(rows: &[FanoutRow]) -> String {
         ));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(round: usize, groups: usize, produced: f64, per_group: &[f64]) -> FanoutMeasurement {
+        FanoutMeasurement {
+            round,
+            groups,
+            consumers_per_group: 4,
+            offered_msgs_per_sec: None,
+            produced_msgs_per_sec: produced,
+            delivered_msgs_per_sec: per_group.iter().sum(),
+            delivered: 1000,
+            group_msgs_per_sec: per_group.to_vec(),
+            group_lag_at_end: per_group.iter().map(|r| *r as i64).collect(),
+            cpu: CpuUse::default(),
+            broker_us_per_msg: 1.0,
+            postgres_us_per_msg: 1.0,
+            cache_hits: 30,
+            cache_misses: 10,
+            errors: 0,
+            problems: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn rows_compare_each_round_with_its_push_only_run() {
+        let all = vec![
+            run(0, 0, 100.0, &[]),
+            run(0, 2, 50.0, &[10.0, 30.0]),
+            run(1, 0, 200.0, &[]),
+            run(1, 2, 60.0, &[20.0, 20.0]),
+        ];
+        let r = rows(&all);
+        assert_eq!(r.iter().map(|r| r.groups).collect::<Vec<_>>(), vec![0, 2]);
+        let two = &r[1];
+        assert!((two.produced_vs_push_only.median - 0.4).abs() < 1e-9); // 0.5 and 0.3
+        assert_eq!(two.delivered_msgs_per_sec.median, 40.0);
+        assert_eq!(two.fanout_factor.median, 2.0);
+        assert_eq!(two.max_lag_at_end.median, 25.0); // 30 and 20
+        assert_eq!(two.misses_per_1k.median, 10.0);
+        assert_eq!(two.hit_share.median, 0.75);
+        assert!(table(&r).contains("push only"));
+    }
+
+    #[test]
+    fn cache_reads_are_read_from_the_metrics_text() {
+        let text = "# HELP x\nqueen_segment_cache_reads_total{result=\"hit\"} 30\nqueen_segment_cache_reads_total{result=\"miss\"} 4\n";
+        assert_eq!(reads_in(text), (30, 4));
+        assert_eq!(reads_in(""), (0, 0));
+    }
 }
