@@ -48,14 +48,36 @@ impl HttpConn {
     ///
     /// I/O errors and malformed responses; the connection is dropped then.
     pub async fn request(&mut self, method: &str, path: &str, body: &[u8]) -> io::Result<Response> {
-        let result = self.exchange(method, path, body).await;
+        self.request_as(method, path, "application/json", body)
+            .await
+    }
+
+    /// [`HttpConn::request`] with a body of another `Content-Type` (the binary push bodies).
+    ///
+    /// # Errors
+    ///
+    /// As [`HttpConn::request`].
+    pub async fn request_as(
+        &mut self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: &[u8],
+    ) -> io::Result<Response> {
+        let result = self.exchange(method, path, content_type, body).await;
         if result.is_err() {
             self.stream = None;
         }
         result
     }
 
-    async fn exchange(&mut self, method: &str, path: &str, body: &[u8]) -> io::Result<Response> {
+    async fn exchange(
+        &mut self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: &[u8],
+    ) -> io::Result<Response> {
         if self.stream.is_none() {
             let stream = TcpStream::connect(("127.0.0.1", self.port)).await?;
             stream.set_nodelay(true)?;
@@ -65,7 +87,7 @@ impl HttpConn {
         self.out.clear();
         self.out.extend_from_slice(
             format!(
-                "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
                 self.port,
                 body.len()
             )

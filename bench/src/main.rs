@@ -14,10 +14,13 @@
 //! to a million partitions against 100, with the broker's peak RSS) and `brokers` (1, 2, 3
 //! broker processes on one database, push and end-to-end). The autopilot suite (when asked)
 //! sets pops the broker sizes (`autopilot=true`) against fixed batches, on a backlog and on a
-//! live stream, with and without honouring the advised `waitMs`.
+//! live stream, with and without honouring the advised `waitMs`. The wire suite (when asked)
+//! pushes the same rows as JSON, `QPB1` and `QPB1` with zstd, and pops them as JSON and framed
+//! `QPF1`, with the broker's CPU per message (`wire`); the fan-out suite (when asked) has 1, 5,
+//! 10 consumer groups read one queue while producers push at a fixed rate (`fanout`).
 //!
 //! Modules, imports pointing down only: `main` (options, plan, rounds) → `scaling` and
-//! `autopilot` (those suites' plans and tables) → `report` → `runner` (one measurement: fresh database, dispatch) → the
+//! `autopilot` (those suites' plans and tables), `fanout` → `wire` → `report` → `runner` (one measurement: fresh database, dispatch) → the
 //! suites `push`, `spool`, `consume`, `brokers` →
 //! `measurement` (what a measurement produced) and `scenario` (what is measured) → `profile`,
 //! `db`, `traffic`, `load`, `broker` → `measure`, `http`, `data`.
@@ -28,6 +31,7 @@ mod brokers;
 mod consume;
 mod data;
 mod db;
+mod fanout;
 mod http;
 mod load;
 mod measure;
@@ -40,6 +44,7 @@ mod scaling;
 mod scenario;
 mod spool;
 mod traffic;
+mod wire;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -80,7 +85,11 @@ struct Args {
     /// and end-to-end, with commit sizes and PostgreSQL CPU. autopilot (not run by default):
     /// pops sized by the broker (`autopilot=true`) against each of --autopilot-batches, on a
     /// backlog of --autopilot-prefill messages and on live streams of --autopilot-rates msg/s,
-    /// with empty pops/s (~7 minutes with 2 rounds).
+    /// with empty pops/s (~7 minutes with 2 rounds). wire (not run by default): push batch 100
+    /// as JSON, QPB1 and QPB1 with zstd, pop+ack as JSON and framed QPF1, with broker CPU per
+    /// message (~2 minutes a round). fanout (not run by default): push-only, then
+    /// --fanout-groups consumer groups reading one queue while producers offer --fanout-pace %
+    /// of push-only.
     #[arg(
         long,
         value_delimiter = ',',
@@ -209,6 +218,20 @@ struct Args {
         default_value = "2000,20000"
     )]
     autopilot_rates: Vec<u32>,
+    /// Consumer group counts of the fan-out suite.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "LIST",
+        default_value = "1,5,10"
+    )]
+    fanout_groups: Vec<usize>,
+    /// Consumers per group in the fan-out suite.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    fanout_consumers: usize,
+    /// Rate the fan-out suite's producers offer, percent of the same round's push-only msg/s.
+    #[arg(long, value_name = "PERCENT", default_value_t = 50)]
+    fanout_pace: u32,
     /// Print how long each setup step takes.
     #[arg(short, long)]
     verbose: bool,
@@ -257,6 +280,9 @@ struct Options {
     autopilot_batches: Vec<usize>,
     autopilot_prefill: u64,
     autopilot_rates: Vec<u32>,
+    fanout_groups: Vec<usize>,
+    fanout_consumers: usize,
+    fanout_pace: u32,
 }
 
 /// The parts of the bench.
@@ -273,6 +299,10 @@ enum Suite {
     Brokers,
     /// Autopilot pops against fixed batches (backlog, live stream).
     Autopilot,
+    /// JSON against binary bodies: push QPB1 (plain, zstd), framed QPF1 pops.
+    Wire,
+    /// Consumer groups each reading one queue while producers push at a fixed rate.
+    Fanout,
 }
 
 impl Options {
@@ -340,6 +370,14 @@ impl Options {
                 r.dedup();
                 r
             },
+            fanout_groups: {
+                let mut g = a.fanout_groups.clone();
+                g.sort_unstable();
+                g.dedup();
+                g
+            },
+            fanout_consumers: a.fanout_consumers,
+            fanout_pace: a.fanout_pace,
         };
         if o.rounds == 0
             || o.connections == 0
@@ -370,6 +408,13 @@ impl Options {
         }
         if o.autopilot_batches.is_empty() || o.autopilot_batches.contains(&0) {
             return Err("--autopilot-batches: batches from 1".into());
+        }
+        if o.fanout_groups.is_empty()
+            || o.fanout_groups.contains(&0)
+            || o.fanout_consumers == 0
+            || o.fanout_pace == 0
+        {
+            return Err("--fanout-groups, --fanout-consumers, --fanout-pace: from 1".into());
         }
         if o.autopilot_rates.contains(&0) {
             return Err("--autopilot-rates: rates from 1 msg/s".into());
@@ -702,6 +747,9 @@ async fn run_on(
         }
     }
 
+    let wire_all = run_wire(server, o, &params, started).await?;
+    let fanout_all = run_fanout(server, o, &params, started).await?;
+
     let rows = results.rows();
     let target_p = target_partitions(o);
     let targets = results.targets(target_p);
@@ -791,6 +839,31 @@ async fn run_on(
         );
         println!("{}", autopilot::live_table(&autopilot_rows));
     }
+    let wire_rows = wire::rows(&wire_all);
+    if !wire_rows.is_empty() {
+        println!(
+            "Wire formats (push batch {}, {} partitions, dedup on, {} producers; pop batch {}, {} consumers; medians (min–max) of {} rounds, ratios per round against JSON):",
+            wire::PUSH_BATCH,
+            wire::PARTITIONS,
+            params.connections,
+            POP_BATCH,
+            params.consumers,
+            o.rounds
+        );
+        println!("{}", wire::table(&wire_rows));
+    }
+    let fanout_rows = fanout::rows(&fanout_all);
+    if !fanout_rows.is_empty() {
+        println!(
+            "Fan-out (one queue, {} partitions; producers offer {} % of the same round's push-only; {} long-poll consumers per group, pop {} + ack; medians (min–max) of {} rounds):",
+            wire::PARTITIONS,
+            o.fanout_pace,
+            o.fanout_consumers,
+            POP_BATCH,
+            o.rounds
+        );
+        println!("{}", fanout::table(&fanout_rows));
+    }
     println!("Targets (medians of per-round ratios, same run):");
     println!("{}", report::targets_text(&targets));
     if let Some(path) = &o.json {
@@ -821,6 +894,11 @@ async fn run_on(
             "scale": scale_rows,
             "brokers": brokers_rows,
             "autopilot": autopilot_rows,
+            "wire": { "rows": wire_rows, "goals": wire::goals(&wire_rows), "measurements": wire_all },
+            "fanout": {
+                "groups": o.fanout_groups, "consumers_per_group": o.fanout_consumers,
+                "pace_pct": o.fanout_pace, "rows": fanout_rows, "measurements": fanout_all,
+            },
             "targets": targets,
             "measurements": results.all,
         });
@@ -836,6 +914,97 @@ async fn run_on(
         eprintln!("bench: wrote {}", path.display());
     }
     Ok(targets.iter().all(|t| t.met))
+}
+
+/// The wire suite's rounds, when asked: every variant each round, the order rotated.
+async fn run_wire(
+    server: &mut db::Server,
+    o: &Options,
+    params: &Params,
+    started: Instant,
+) -> Result<Vec<wire::WireMeasurement>, BoxError> {
+    let mut all = Vec::new();
+    if !o.suites.contains(&Suite::Wire) {
+        return Ok(all);
+    }
+    for round in 0..o.rounds {
+        for variant in wire::round_order(round) {
+            let m = wire::measure(server, params, variant, round).await?;
+            eprintln!(
+                "[wire {:>4.0}s] round {} {:<26} {:>9.0} msg/s  broker {:>6.1} µs/msg  pg {:>6.1} µs/msg  {:>6.0} B/msg  cpu b{:.2} pg{:.2} load{:.2} other{:.2}{}",
+                started.elapsed().as_secs_f64(),
+                round + 1,
+                variant.label(),
+                m.msgs_per_sec,
+                m.broker_us_per_msg,
+                m.postgres_us_per_msg,
+                m.bytes_per_msg,
+                m.cpu.broker,
+                m.cpu.postgres,
+                m.cpu.load,
+                m.cpu.other,
+                if m.problems.is_empty() {
+                    String::new()
+                } else {
+                    format!("\n      ! {}", m.problems.join("\n      ! "))
+                }
+            );
+            all.push(m);
+        }
+    }
+    Ok(all)
+}
+
+/// The fan-out suite's rounds, when asked: push-only, then each group count (order rotated)
+/// with producers paced at --fanout-pace % of that push-only rate.
+async fn run_fanout(
+    server: &mut db::Server,
+    o: &Options,
+    params: &Params,
+    started: Instant,
+) -> Result<Vec<fanout::FanoutMeasurement>, BoxError> {
+    let mut all = Vec::new();
+    if !o.suites.contains(&Suite::Fanout) {
+        return Ok(all);
+    }
+    for round in 0..o.rounds {
+        let push_only = fanout::measure(server, params, round, 0, 0, None).await?;
+        let pace = push_only.produced_msgs_per_sec * f64::from(o.fanout_pace) / 100.0;
+        eprintln!(
+            "[fanout {:>4.0}s] round {} push only {:>9.0} msg/s; offering {pace:.0} msg/s",
+            started.elapsed().as_secs_f64(),
+            round + 1,
+            push_only.produced_msgs_per_sec
+        );
+        all.push(push_only);
+        let mut groups = o.fanout_groups.clone();
+        let n = groups.len();
+        groups.rotate_left(round % n);
+        for g in groups {
+            let m =
+                fanout::measure(server, params, round, g, o.fanout_consumers, Some(pace)).await?;
+            eprintln!(
+                "[fanout {:>4.0}s] round {} {g:>2} group(s): produced {:>8.0} msg/s, delivered {:>8.0}/s (groups {:?}), lag at end {:?}, broker {:.1} µs/deliv, pg {:.1} µs/deliv, cache hits {} misses {}{}",
+                started.elapsed().as_secs_f64(),
+                round + 1,
+                m.produced_msgs_per_sec,
+                m.delivered_msgs_per_sec,
+                m.group_msgs_per_sec.iter().map(|r| r.round() as i64).collect::<Vec<_>>(),
+                m.group_lag_at_end,
+                m.broker_us_per_msg,
+                m.postgres_us_per_msg,
+                m.cache_hits,
+                m.cache_misses,
+                if m.problems.is_empty() {
+                    String::new()
+                } else {
+                    format!("\n      ! {}", m.problems.join("\n      ! "))
+                }
+            );
+            all.push(m);
+        }
+    }
+    Ok(all)
 }
 
 fn main() -> ExitCode {
