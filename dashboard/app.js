@@ -6,6 +6,9 @@
 
 const TOKEN_KEY = "queen.token";
 const PARTITIONS_PER_PAGE = 50;
+// Rows per page of the overview's, the groups page's and the Kafka page's lists: each is read
+// a page at a time from the broker (limit/offset/search), never whole.
+const LIST_PAGE = 25;
 const DLQ_PER_PAGE = 50;
 const RECENT_MESSAGES = 25;
 const PREVIEW_CHARS = 160;
@@ -53,7 +56,7 @@ const NUMERIC = new Set(["Partitions", "Total", "Pending", "Processing", "Comple
   "Members", "Backlog (messages)", "Oldest unconsumed", "Partitions with lag", "Retries",
   "Keys", "Bytes", "With expiry", "Expiring within 1 min", "Slot", "Token", "Late", "Refused",
   "State keys", "State bytes", "Largest partition", "Cycles", "Depth", "Pushed",
-  "Dropped (TTL)", "Dropped (policy)", "Dropped (retries)"]);
+  "Dropped (TTL)", "Dropped (policy)", "Dropped (retries)", "Records", "Partition", "Committed", "End", "Lag"]);
 
 const num = (v) => h("td", { class: "num" }, fmtNum(v));
 
@@ -118,6 +121,50 @@ function qs(obj) {
 }
 
 const enc = encodeURIComponent;
+
+// What was typed into a search box and not yet submitted, kept across the overview's refreshes.
+const drafts = new Map();
+
+/** The current page's hash with `updates` applied to its query (empty values removed). */
+function hashWith(updates) {
+  const { parts, query } = parseHash();
+  for (const [k, v] of Object.entries(updates)) {
+    if (v === undefined || v === null || v === "") query.delete(k); else query.set(k, v);
+  }
+  const s = query.toString();
+  return `#/${parts.map(enc).join("/")}${s ? `?${s}` : ""}`;
+}
+
+/** A search box over a list: submitting it goes to the list's first page for that text. */
+function searchBox(id, label, value, pageKey, searchKey) {
+  const input = h("input", {
+    id, name: id, type: "search", value: drafts.get(id) ?? value, autocomplete: "off",
+    oninput: (ev) => drafts.set(id, ev.target.value),
+  });
+  return h("form", {
+    class: "inline", role: "search", "aria-label": label,
+    onsubmit: (ev) => {
+      ev.preventDefault();
+      drafts.delete(id);
+      location.hash = hashWith({ [searchKey]: input.value.trim(), [pageKey]: "" });
+    },
+  }, h("label", { for: id }, label, input), h("button", { type: "submit", id: `${id}-go` }, "Search"));
+}
+
+/** Previous/next links of a paged list; `pages` is null when only "is there more" is known. */
+function pager(id, label, page, pages, hasNext, pageKey, what) {
+  const link = (n, text, rel) => {
+    const ok = n >= 1 && n !== page && (rel === "prev" || hasNext);
+    return ok ? h("a", { href: hashWith({ [pageKey]: n > 1 ? n : "" }), rel, id: `${id}-${rel}` }, text)
+      : h("span", { class: "note" }, text);
+  };
+  return h("nav", { class: "pager", id, "aria-label": label },
+    link(page - 1, "← Previous", "prev"),
+    h("span", {}, pages === null ? `page ${page}` : `page ${page} of ${pages}`, what ? ` (${what})` : ""),
+    link(page + 1, "Next →", "next"));
+}
+
+const pageOf = (query, key) => Math.max(1, Math.floor(Number(query.get(key))) || 1);
 
 // ---------------------------------------------------------------- the API
 
@@ -241,11 +288,12 @@ async function route() {
     if (current) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
   }
   const views = {
-    overview: () => overview(),
+    overview: () => overview(query),
     queues: () => queuePage(parts[1], query),
     messages: () => messagePage(parts[1], parts[2]),
     dlq: () => dlqPage(query),
-    groups: () => groupsPage(),
+    groups: () => groupsPage(query),
+    kafka: () => kafkaPage(query),
     maintenance: () => maintenancePage(),
     state: () => statePage(),
   };
@@ -470,17 +518,34 @@ function poolText(metrics) {
   return "in use: " + names.map((n) => `${n} ${pools[n].size - pools[n].idle}/${pools[n].size}`).join(" · ");
 }
 
-async function overview() {
-  const [health, metrics, list, summary, groups, lagging, maint, hist] = await Promise.all([
+/** One page of the (group, queue) pairs: the rows, and whether a next page exists. */
+async function groupPage(search, page) {
+  const rows = await api(`/api/v1/consumer-groups${qs({ limit: LIST_PAGE + 1, offset: (page - 1) * LIST_PAGE, search })}`);
+  // A broker before paging answers every pair: cut here, and read the backlog from /lagging.
+  const paged = rows.slice((rows.length > LIST_PAGE + 1 ? (page - 1) * LIST_PAGE : 0));
+  const groups = paged.slice(0, LIST_PAGE);
+  if (groups.some((g) => g.backlog === undefined)) {
+    const lag = backlogs(await api("/api/v1/consumer-groups/lagging?minLagSeconds=0"));
+    for (const g of groups) g.backlog = lag.get(`${g.name}\u0000${g.queueName}`) || 0;
+  }
+  return { groups, hasNext: paged.length > LIST_PAGE };
+}
+
+async function overview(query) {
+  const qSearch = query.get("qs") || "", qPage = pageOf(query, "qp");
+  const gSearch = query.get("gs") || "", gPage = pageOf(query, "gp");
+  const [health, metrics, list, summary, groupList, maint, hist] = await Promise.all([
     api("/health", { allow: [503] }).catch((e) => ({ status: "unreachable", database: e.message })),
     api("/metrics").catch((e) => { if (e instanceof AuthNeeded) throw e; return { error: e.message }; }),
-    api("/api/v1/resources/queues"),
+    api(`/api/v1/resources/queues${qs({ limit: LIST_PAGE, offset: (qPage - 1) * LIST_PAGE, search: qSearch })}`),
     api("/api/v1/resources/overview"),
-    api("/api/v1/consumer-groups"),
-    api("/api/v1/consumer-groups/lagging?minLagSeconds=0"),
+    groupPage(gSearch, gPage),
     can("admin") ? api("/api/v1/system/maintenance") : Promise.resolve(null),
     api("/api/v1/system/history").catch((e) => { if (e instanceof AuthNeeded) throw e; return { error: e.message }; }),
   ]);
+  const { groups, hasNext: groupsNext } = groupList;
+  const queueTotal = list.total ?? list.queues.length;
+  const queuePages = Math.max(1, Math.ceil(queueTotal / LIST_PAGE));
   const spool = metrics.spool || {};
   const flags = {
     maintenance: maint ? maint.maintenanceMode : !!spool.maintenanceMode,
@@ -488,8 +553,8 @@ async function overview() {
   };
   const healthy = health.status === "healthy";
   const rates = queueRates(list.queues);
-  const lag = backlogs(lagging);
   const msgs = summary.messages || {};
+  const partial = summary.messagesExact === false;
 
   const card = (id, label, value, extra) =>
     h("div", { class: "card", id }, h("dt", {}, label), h("dd", {}, value, extra ? h("br") : null, extra ? h("small", {}, extra) : null));
@@ -507,11 +572,13 @@ async function overview() {
       h("span", { id: "maintenance-state", class: flags.maintenance || flags.pop ? "state-on" : "state-ok" },
         flags.maintenance && flags.pop ? "push + pop" : flags.maintenance ? "push" : flags.pop ? "pop" : "off"),
       flags.maintenance ? "pushes are spooled, replay paused" : flags.pop ? "pops answer empty" : "normal operation"),
-    card("card-messages", "Messages", fmtNum(msgs.total ?? 0),
-      `${fmtNum(msgs.pending ?? 0)} pending · ${fmtNum(msgs.processing ?? 0)} processing · ${fmtNum(msgs.deadLetter ?? 0)} dead`),
+    card("card-messages", "Messages", `${partial ? "≥ " : ""}${fmtNum(msgs.total ?? 0)}`,
+      `${fmtNum(msgs.pending ?? 0)} pending · ${fmtNum(msgs.processing ?? 0)} processing · ${fmtNum(msgs.deadLetter ?? 0)} dead` +
+      (partial ? ` · over the first ${fmtNum(summary.messagesPartitions)} partitions holding messages` : "")),
     card("card-rate", "Ingest", `${fmtNum(summary.throughput?.ingestedPerSecond ?? 0)}/s`, "last minute"),
     card("card-lag", "Max lag", fmtDuration(summary.lag?.time?.max ?? 0), `${fmtNum(summary.lag?.offset?.max ?? 0)} message${summary.lag?.offset?.max === 1 ? "" : "s"} behind`),
-    card("card-queues", "Queues", fmtNum(summary.queues ?? 0), `${fmtNum(summary.partitions ?? 0)} partitions`),
+    card("card-queues", "Queues", fmtNum(summary.queues ?? 0),
+      `${summary.partitionsExact === false ? "about " : ""}${fmtNum(summary.partitions ?? 0)} partitions`),
     card("card-broker", "Broker", health.version ? `v${health.version}` : "—",
       [health.version ? null : `version unknown (health: ${health.database || health.status})`,
         metrics.error ? "uptime unknown" : `up ${fmtDuration(metrics.uptime)}`].filter(Boolean).join(" · ")),
@@ -526,7 +593,7 @@ async function overview() {
       num(r ? r.in : null), num(r ? r.out : null));
   });
   const groupRows = groups.map((g) => {
-    const backlog = lag.get(`${g.name}\u0000${g.queueName}`) || 0;
+    const backlog = g.backlog;
     return h("tr", { "data-group": g.name, "data-queue": g.queueName },
       h("th", { scope: "row" }, groupName(g.name)),
       h("td", {}, h("a", { href: `#/queues/${enc(g.queueName)}` }, g.queueName)),
@@ -540,13 +607,18 @@ async function overview() {
     h("h2", {}, "Last hour"),
     overviewCharts(hist),
     h("h2", {}, "Queues"),
+    searchBox("queue-search", "Find queues", qSearch, "qp", "qs"),
     table("Queues with their backlog; rates are measured by this page between refreshes.",
       ["Queue", "Namespace", "Partitions", "Total", "Pending", "Processing", "In/s", "Out/s"],
-      queueRows, "No queues yet."),
+      queueRows, qSearch ? `No queue name contains “${qSearch}”.` : "No queues yet."),
+    pager("queue-pages", "Queue pages", qPage, queuePages, qPage < queuePages, "qp",
+      `${fmtNum(queueTotal)} queue${queueTotal === 1 ? "" : "s"}${qSearch ? " found" : ""}`),
     h("h2", {}, "Consumer groups"),
+    searchBox("group-search", "Find groups", gSearch, "gp", "gs"),
     table("Lag per consumer group and queue.",
       ["Group", "Queue", "Members", "Backlog (messages)", "Oldest unconsumed", "State"],
-      groupRows, "No consumer groups yet."),
+      groupRows, gSearch ? `No group or queue name contains “${gSearch}”.` : "No consumer groups yet."),
+    pager("group-pages", "Consumer group pages", gPage, null, groupsNext, "gp"),
     h("p", { class: "note" }, REFRESH_SECS ? `Refreshes every ${REFRESH_SECS} s.` : "Automatic refresh is off.",
       " ", h("button", { type: "button", id: "refresh", onclick: () => route() }, "Refresh now")),
   ];
@@ -555,14 +627,15 @@ async function overview() {
 // ---------------------------------------------------------------- one queue
 
 async function queuePage(name, query) {
+  const wanted = Math.max(1, Number(query.get("page")) || 1);
   const [q, groups, recent, hist] = await Promise.all([
-    api(`/api/v1/resources/queues/${enc(name)}`),
-    api("/api/v1/consumer-groups"),
+    api(`/api/v1/resources/queues/${enc(name)}${qs({ limit: PARTITIONS_PER_PAGE, offset: (wanted - 1) * PARTITIONS_PER_PAGE })}`),
+    api(`/api/v1/consumer-groups${qs({ search: name })}`),
     api(`/api/v1/messages${qs({ queue: name, limit: RECENT_MESSAGES, from: new Date(Date.now() - 7 * 86400e3).toISOString() })}`),
     api(`/api/v1/system/history${qs({ queue: name })}`).catch((e) => { if (e instanceof AuthNeeded) throw e; return { error: e.message }; }),
   ]);
   const mine = groups.filter((g) => g.queueName === name);
-  const details = await Promise.all(mine.map((g) => api(`/api/v1/consumer-groups/${enc(g.name)}`)));
+  const details = await Promise.all(mine.map((g) => api(`/api/v1/consumer-groups/${enc(g.name)}${qs({ queue: name })}`)));
 
   const options = h("dl", { class: "fields", id: "queue-options" },
     Object.entries(q.options || {}).map(([k, v]) => [h("dt", {}, k), h("dd", {}, typeof v === "object" ? JSON.stringify(v) : String(v))]));
@@ -578,10 +651,14 @@ async function queuePage(name, query) {
       h("td", {}, holders.length ? holders.slice(0, 10).join(", ") + (holders.length > 10 ? ` … (+${holders.length - 10})` : "") : "none"));
   });
 
-  const all = q.partitions || [];
-  const pages = Math.max(1, Math.ceil(all.length / PARTITIONS_PER_PAGE));
-  const page = Math.min(pages, Math.max(1, Number(query.get("page")) || 1));
-  const shown = all.slice((page - 1) * PARTITIONS_PER_PAGE, page * PARTITIONS_PER_PAGE);
+  // The broker answers one page of partitions (`partitionCount` in all); one before paging
+  // answers every partition, cut here.
+  const paged = q.partitionCount !== undefined;
+  const count = paged ? q.partitionCount : (q.partitions || []).length;
+  const pages = Math.max(1, Math.ceil(count / PARTITIONS_PER_PAGE));
+  const page = Math.min(pages, wanted);
+  const shown = paged ? q.partitions || []
+    : (q.partitions || []).slice((page - 1) * PARTITIONS_PER_PAGE, page * PARTITIONS_PER_PAGE);
   const partRows = shown.map((p) => h("tr", {},
     h("th", { scope: "row" }, p.name),
     num(p.stats.total), num(p.stats.pending), num(p.stats.processing), num(p.stats.completed), num(p.stats.deadLetter),
@@ -590,7 +667,7 @@ async function queuePage(name, query) {
     ? h("span", { class: "note" }, label)
     : h("a", { href: `#/queues/${enc(name)}?page=${n}` }, label);
   const pager = h("nav", { class: "pager", "aria-label": "Partition pages" },
-    pageLink(page - 1, "← Previous"), h("span", {}, `page ${page} of ${pages} (${fmtNum(all.length)} partitions)`), pageLink(page + 1, "Next →"));
+    pageLink(page - 1, "← Previous"), h("span", {}, `page ${page} of ${pages} (${fmtNum(count)} partitions)`), pageLink(page + 1, "Next →"));
 
   const msgRows = (recent.messages || []).map((m) => h("tr", {},
     h("td", {}, fmtTime(m.createdAt)), h("td", {}, m.partition),
@@ -602,7 +679,7 @@ async function queuePage(name, query) {
     h("p", {}, h("a", { href: "#/" }, "← Overview")),
     h("h1", {}, `Queue ${q.name}`),
     h("dl", { class: "cards" },
-      ...[["Total", t.total], ["Pending", t.pending], ["Processing", t.processing], ["Completed", t.completed], ["Dead letters", t.deadLetter], ["Partitions", all.length]]
+      ...[["Total", t.total], ["Pending", t.pending], ["Processing", t.processing], ["Completed", t.completed], ["Dead letters", t.deadLetter], ["Partitions", count]]
         .map(([k, v]) => h("div", { class: "card" }, h("dt", {}, k), h("dd", {}, fmtNum(v ?? 0))))),
     h("h2", {}, "Last hour"),
     h("div", { class: "charts" }, ...backlogCharts(hist, false, "queue-chart")),
@@ -698,12 +775,9 @@ function confirmDialog(text, confirmLabel) {
   });
 }
 
-async function groupsPage() {
-  const [groups, lagging] = await Promise.all([
-    api("/api/v1/consumer-groups"),
-    api("/api/v1/consumer-groups/lagging?minLagSeconds=0"),
-  ]);
-  const lag = backlogs(lagging);
+async function groupsPage(query) {
+  const search = query.get("s") || "", page = pageOf(query, "p");
+  const { groups, hasNext } = await groupPage(search, page);
   const act = async (what, fn) => {
     try {
       const r = await fn();
@@ -737,11 +811,10 @@ async function groupsPage() {
           }
         },
       }, "Delete") : null));
-    const backlog = lag.get(`${g.name}\u0000${g.queueName}`) || 0;
     return h("tr", { "data-group": g.name, "data-queue": g.queueName },
       h("th", { scope: "row" }, groupName(g.name)),
       h("td", {}, h("a", { href: `#/queues/${enc(g.queueName)}` }, g.queueName)),
-      num(g.members), num(backlog), num(g.partitionsWithLag), h("td", { class: "num" }, fmtDuration(g.maxTimeLag)),
+      num(g.members), num(g.backlog), num(g.partitionsWithLag), h("td", { class: "num" }, fmtDuration(g.maxTimeLag)),
       h("td", {}, g.state), h("td", {}, g.subscriptionMode || ""),
       can("configure") || can("admin") ? actions : null);
   });
@@ -749,8 +822,63 @@ async function groupsPage() {
   if (can("configure") || can("admin")) headers.push("Actions");
   return [
     h("h1", {}, "Consumer groups"),
-    table("Lag per group and queue. Seek times are UTC.", headers, rows, "No consumer groups yet."),
+    searchBox("groups-search", "Find groups", search, "p", "s"),
+    table("Lag per group and queue. Seek times are UTC.", headers, rows,
+      search ? `No group or queue name contains “${search}”.` : "No consumer groups yet."),
+    pager("groups-pages", "Consumer group pages", page, null, hasNext, "p"),
   ];
+}
+
+// ---------------------------------------------------------------- Kafka topics and groups
+
+async function kafkaPage(query) {
+  const tSearch = query.get("ts") || "", tPage = pageOf(query, "tp");
+  const gSearch = query.get("gs") || "", gPage = pageOf(query, "gp");
+  const [topics, groups] = await Promise.all([
+    api(`/api/v1/kafka/topics${qs({ limit: LIST_PAGE, offset: (tPage - 1) * LIST_PAGE, search: tSearch })}`),
+    api(`/api/v1/kafka/groups${qs({ limit: LIST_PAGE, offset: (gPage - 1) * LIST_PAGE, search: gSearch })}`),
+  ]);
+  const topicRows = topics.topics.map((t) => {
+    const records = t.offsets.reduce((s, o) => s + o.records, 0);
+    const ends = t.offsets.map((o) => `${o.partition}: ${fmtNum(o.logStartOffset)}–${fmtNum(o.endOffset)}`);
+    return h("tr", { "data-topic": t.name },
+      h("th", { scope: "row" }, h("a", { href: `#/queues/${enc(t.name)}` }, t.name)),
+      num(t.partitions), num(records),
+      h("td", { class: "offsets" }, ends.length ? ends.join(" · ") : "nothing written"));
+  });
+  const groupRows = groups.groups.flatMap((g) => {
+    const members = g.members.map((m) => {
+      const parts = m.assigned.map(([topic, ps]) => `${topic} ${ps.join(",")}`).join("; ");
+      return `${m.instanceId || m.memberId}${parts ? ` (${parts})` : ""}`;
+    });
+    const head = h("tr", { "data-kafka-group": g.group },
+      h("th", { scope: "row", rowspan: Math.max(1, g.offsets.length) }, g.group),
+      h("td", { rowspan: Math.max(1, g.offsets.length) }, g.state),
+      h("td", { rowspan: Math.max(1, g.offsets.length) }, members.length ? members.join(", ")
+        : groups.membersKnown ? "none on this broker" : "unknown (Kafka listener off here)"),
+      ...(g.offsets.length ? offsetCells(g.offsets[0]) : [h("td", { colspan: 5 }, "no committed offsets")]));
+    return [head, ...g.offsets.slice(1).map((o) => h("tr", { "data-kafka-group": g.group }, ...offsetCells(o)))];
+  });
+  const topicPages = Math.max(1, Math.ceil(topics.total / LIST_PAGE));
+  const groupPages = Math.max(1, Math.ceil(groups.total / LIST_PAGE));
+  return [
+    h("h1", {}, "Kafka"),
+    h("p", { class: "note" }, "Topics made over Kafka (CreateTopics or auto-create) and the groups with committed offsets on them. Members are known only to the broker the group's members use."),
+    h("h2", {}, "Topics"),
+    searchBox("topic-search", "Find topics", tSearch, "tp", "ts"),
+    table("Each partition's log start and end offsets.", ["Topic", "Partitions", "Records", "Offsets (partition: start–end)"],
+      topicRows, tSearch ? `No topic name contains “${tSearch}”.` : "No Kafka topics yet."),
+    pager("topic-pages", "Topic pages", tPage, topicPages, tPage < topicPages, "tp", `${fmtNum(topics.total)} topics`),
+    h("h2", {}, "Groups"),
+    searchBox("kafka-group-search", "Find groups", gSearch, "gp", "gs"),
+    table("Committed offset and lag per partition.", ["Group", "State", "Members here (assigned partitions)", "Topic", "Partition", "Committed", "End", "Lag"],
+      groupRows, gSearch ? `No group name contains “${gSearch}”.` : "No Kafka groups yet."),
+    pager("kafka-group-pages", "Kafka group pages", gPage, groupPages, gPage < groupPages, "gp", `${fmtNum(groups.total)} groups`),
+  ];
+}
+
+function offsetCells(o) {
+  return [h("td", {}, o.topic), num(o.partition), num(o.committedOffset), num(o.endOffset), num(o.lag)];
 }
 
 // ---------------------------------------------------------------- KV, locks, timers, streams

@@ -448,6 +448,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         autopilot: Arc::default(),
         primary: primary.clone(),
         ephemeral: ephemeral.clone(),
+        kafka_members: Arc::default(),
     });
     let data = state.clone();
     let addr = format!("{}:{}", settings.host, settings.port);
@@ -519,6 +520,13 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
                 .map(|_| Arbiter::new())
                 .collect();
             let threads = kafka_arbiters.iter().map(Arbiter::handle).collect();
+            let members = Arc::downgrade(&kafka);
+            kafka.state.kafka_members.set(Box::new(move || {
+                members
+                    .upgrade()
+                    .map(|k| k.groups.snapshot())
+                    .unwrap_or_default()
+            }));
             let ticking = kafka.clone();
             kafka_arbiters[0].spawn(async move {
                 tokio::task::spawn_local(crate::kafka::groups::tick_loop(ticking));

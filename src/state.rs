@@ -115,6 +115,59 @@ pub struct AppState {
     pub undecryptable: Arc<crate::storage::queues::undecryptable::Stops>,
     /// This broker's ephemeral queues (memory only; `crate::ephemeral`).
     pub ephemeral: Arc<EphemeralStore>,
+    /// The Kafka groups with members on this broker, for the views (`crate::kafka` fills it).
+    pub kafka_members: Arc<KafkaMembership>,
+}
+
+/// One member of a Kafka group, as the views show it.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KafkaMember {
+    /// The member id the coordinator gave it.
+    pub member_id: String,
+    /// Its static membership id, if any.
+    pub instance_id: Option<String>,
+    /// The partitions its assignment names, per topic (empty when the assignment is not the
+    /// consumer protocol's or not made yet).
+    pub assigned: Vec<(String, Vec<i32>)>,
+}
+
+/// One Kafka group with members on this broker.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KafkaGroupMembers {
+    /// Group id.
+    pub group: String,
+    /// `Empty`, `PreparingRebalance`, `CompletingRebalance` or `Stable`.
+    pub state: &'static str,
+    /// Generation.
+    pub generation: i32,
+    /// The chosen protocol (assignor), if any.
+    pub protocol: Option<String>,
+    /// The leader's member id, if any.
+    pub leader: Option<String>,
+    /// Its members.
+    pub members: Vec<KafkaMember>,
+}
+
+/// The Kafka group membership of this broker (memory only: docs/kafka.md), read through a
+/// function the Kafka listener sets when it starts, so the HTTP views can show it without
+/// knowing the listener.
+#[derive(Default)]
+pub struct KafkaMembership {
+    source: std::sync::OnceLock<Box<dyn Fn() -> Vec<KafkaGroupMembers> + Send + Sync>>,
+}
+
+impl KafkaMembership {
+    /// Called once by the Kafka listener; a second call is ignored.
+    pub fn set(&self, source: Box<dyn Fn() -> Vec<KafkaGroupMembers> + Send + Sync>) {
+        let _ = self.source.set(source);
+    }
+
+    /// The groups with members here, by group id; `None` when the Kafka listener is off.
+    pub fn groups(&self) -> Option<Vec<KafkaGroupMembers>> {
+        self.source.get().map(|f| f())
+    }
 }
 
 /// Bytes currently admitted (for metrics and tests).

@@ -9,8 +9,8 @@ use serde_json::{json, Map, Value};
 use crate::client::{check, query, seg, Client, Failure};
 use crate::table::{self, short, text};
 use crate::{
-    Cli, Command, ConfigureArgs, DlqCommand, GroupsCommand, KvCommand, MaintenanceAction, PopArgs,
-    PushArgs, QueuesCommand, Source, TailArgs,
+    Cli, Command, ConfigureArgs, DlqCommand, GroupsCommand, KafkaCommand, KvCommand, ListArgs,
+    MaintenanceAction, PopArgs, PushArgs, QueuesCommand, Source, TailArgs,
 };
 
 /// Items per push request when reading standard input.
@@ -40,6 +40,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Locks => locks(&client, json).await,
         Command::Timers => timers(&client, json).await,
         Command::Streams => streams(&client, json).await,
+        Command::Kafka(cmd) => kafka(&client, cmd, json).await,
     }
 }
 
@@ -304,8 +305,16 @@ async fn tail(client: &Client, args: TailArgs, json: bool) -> Result<(), Failure
 
 async fn queues(client: &Client, cmd: QueuesCommand, json: bool) -> Result<(), Failure> {
     match cmd {
-        QueuesCommand::List => {
-            let body = client.get("/api/v1/resources/queues").await?;
+        QueuesCommand::List(args) => {
+            let path = format!(
+                "/api/v1/resources/queues{}",
+                query(&[
+                    ("limit", Some(args.limit.to_string())),
+                    ("offset", Some(args.offset.to_string())),
+                    ("search", args.search.clone()),
+                ])
+            );
+            let body = client.get(&path).await?;
             if json {
                 print_json(&body);
                 return Ok(());
@@ -339,6 +348,7 @@ async fn queues(client: &Client, cmd: QueuesCommand, json: bool) -> Result<(), F
                 ],
                 &rows,
             );
+            page_note(&body, rows.len(), args.offset);
         }
         QueuesCommand::Show { queue } => {
             let body = client
@@ -1111,4 +1121,148 @@ async fn streams(client: &Client, json: bool) -> Result<(), Failure> {
         |q| fields.iter().map(|f| text(q.get(*f))).collect(),
     )
     .await
+}
+
+/// Says which part of a paged list was shown when it is not all of it (`total` in the answer).
+fn page_note(body: &Value, shown: usize, offset: u32) {
+    let total = body.get("total").and_then(Value::as_i64).unwrap_or(0);
+    if (shown as i64) < total {
+        let first = if shown == 0 { 0 } else { u64::from(offset) + 1 };
+        println!(
+            "({first}-{} of {total} shown; --offset and --limit page, --search narrows)",
+            u64::from(offset) + shown as u64
+        );
+    }
+}
+
+async fn kafka(client: &Client, cmd: KafkaCommand, json: bool) -> Result<(), Failure> {
+    let (what, args) = match &cmd {
+        KafkaCommand::Topics(a) => ("topics", a),
+        KafkaCommand::Groups(a) => ("groups", a),
+    };
+    let ListArgs {
+        search,
+        limit,
+        offset,
+    } = args;
+    let path = format!(
+        "/api/v1/kafka/{what}{}",
+        query(&[
+            ("limit", Some(limit.to_string())),
+            ("offset", Some(offset.to_string())),
+            ("search", search.clone()),
+        ])
+    );
+    let body = client.get(&path).await?;
+    if json {
+        print_json(&body);
+        return Ok(());
+    }
+    let items = body.get(what).map(rows_of).unwrap_or_default();
+    match &cmd {
+        KafkaCommand::Topics(_) => {
+            let rows: Vec<Vec<String>> = items
+                .iter()
+                .map(|t| {
+                    let offsets = t.get("offsets").map(rows_of).unwrap_or_default();
+                    let records: i64 = offsets
+                        .iter()
+                        .filter_map(|o| o.get("records").and_then(Value::as_i64))
+                        .sum();
+                    let ends: Vec<String> = offsets
+                        .iter()
+                        .map(|o| {
+                            format!(
+                                "{}:{}-{}",
+                                text(o.get("partition")),
+                                text(o.get("logStartOffset")),
+                                text(o.get("endOffset"))
+                            )
+                        })
+                        .collect();
+                    vec![
+                        text(t.get("name")),
+                        text(t.get("partitions")),
+                        records.to_string(),
+                        ends.join(" "),
+                    ]
+                })
+                .collect();
+            table::print(
+                &[
+                    "TOPIC",
+                    "PARTITIONS",
+                    "RECORDS",
+                    "OFFSETS (PARTITION:START-END)",
+                ],
+                &rows,
+            );
+        }
+        KafkaCommand::Groups(_) => {
+            let known = body.get("membersKnown") == Some(&Value::Bool(true));
+            let mut rows: Vec<Vec<String>> = Vec::new();
+            for g in items {
+                let members: Vec<String> = g
+                    .get("members")
+                    .map(rows_of)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|m| {
+                        let id = m
+                            .get("instanceId")
+                            .filter(|v| !v.is_null())
+                            .or(m.get("memberId"));
+                        text(id)
+                    })
+                    .collect();
+                let members = if !members.is_empty() {
+                    members.join(",")
+                } else if known {
+                    "none here".to_string()
+                } else {
+                    "unknown".to_string()
+                };
+                let offsets = g.get("offsets").map(rows_of).unwrap_or_default();
+                let head = [text(g.get("group")), text(g.get("state")), members];
+                if offsets.is_empty() {
+                    rows.push(
+                        head.iter()
+                            .cloned()
+                            .chain(["-", "-", "-", "-", "-"].map(String::from))
+                            .collect(),
+                    );
+                }
+                for o in offsets {
+                    rows.push(
+                        head.iter()
+                            .cloned()
+                            .chain(
+                                ["topic", "partition", "committedOffset", "endOffset", "lag"]
+                                    .iter()
+                                    .map(|k| text(o.get(*k))),
+                            )
+                            .collect(),
+                    );
+                }
+            }
+            table::print(
+                &[
+                    "GROUP",
+                    "STATE",
+                    "MEMBERS",
+                    "TOPIC",
+                    "PARTITION",
+                    "COMMITTED",
+                    "END",
+                    "LAG",
+                ],
+                &rows,
+            );
+            if !known {
+                println!("(members unknown: this broker's Kafka listener is off)");
+            }
+        }
+    }
+    page_note(&body, items.len(), *offset);
+    Ok(())
 }

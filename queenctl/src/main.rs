@@ -76,6 +76,47 @@ pub enum Command {
     Timers,
     /// Stream queries: partitions with state, state size, cycles, last cycle.
     Streams,
+    /// Kafka topics (partitions, offsets) and groups (members, committed offsets, lag).
+    #[command(subcommand)]
+    Kafka(KafkaCommand),
+}
+
+/// `queues list`.
+#[derive(Args, Debug)]
+pub struct QueueListArgs {
+    /// Only queues whose name contains this (case insensitive).
+    #[arg(long)]
+    pub search: Option<String>,
+    /// At most this many.
+    #[arg(long, default_value_t = 100)]
+    pub limit: u32,
+    /// Skip this many.
+    #[arg(long, default_value_t = 0)]
+    pub offset: u32,
+}
+
+/// `kafka ...`.
+#[derive(Subcommand, Debug)]
+pub enum KafkaCommand {
+    /// Topics made over Kafka: partitions, log start and end offsets.
+    Topics(ListArgs),
+    /// Kafka groups: state, members (when they use this broker), committed offset and lag per
+    /// partition.
+    Groups(ListArgs),
+}
+
+/// A paged list.
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// Only names containing this (case insensitive).
+    #[arg(long)]
+    pub search: Option<String>,
+    /// At most this many.
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+    /// Skip this many.
+    #[arg(long, default_value_t = 0)]
+    pub offset: u32,
 }
 
 /// `kv ...`.
@@ -188,8 +229,8 @@ pub struct TailArgs {
 /// `queues ...`.
 #[derive(Subcommand, Debug)]
 pub enum QueuesCommand {
-    /// Every queue with its message counts.
-    List,
+    /// The queues with their message counts, a page at a time (highest priority first).
+    List(QueueListArgs),
     /// One queue: options, totals and partitions.
     Show {
         /// Queue name.

@@ -169,6 +169,7 @@ fn every_command_has_help_and_exits_0() {
         "locks",
         "timers",
         "streams",
+        "kafka",
     ] {
         assert!(top.contains(cmd), "{cmd} listed in:\n{top}");
         let help = expect(run(&[cmd, "--help"]), 0);
@@ -184,6 +185,8 @@ fn every_command_has_help_and_exits_0() {
         &["kv", "get"],
         &["kv", "put"],
         &["kv", "list"],
+        &["kafka", "topics"],
+        &["kafka", "groups"],
     ] {
         let mut args = sub.to_vec();
         args.push("--help");
@@ -745,4 +748,63 @@ fn locks_timers_and_streams_show_what_the_api_created() {
         .unwrap()
         .iter()
         .any(|q| q["name"] == "ctl-totals" && q["cycles"] == 0));
+}
+
+#[test]
+fn queues_list_pages_and_searches() {
+    let _normal = normal_mode();
+    for i in 0..3 {
+        expect(run(&["push", &format!("cli-paged-{i}"), "1"]), 0);
+    }
+    let out = expect(
+        run(&["queues", "list", "--search", "CLI-PAGED", "--limit", "2"]),
+        0,
+    );
+    assert!(
+        out.contains("cli-paged-0") && out.contains("cli-paged-1"),
+        "{out}"
+    );
+    assert!(!out.contains("cli-paged-2"), "{out}");
+    assert!(out.contains("(1-2 of 3 shown"), "{out}");
+    let out = expect(
+        run(&["queues", "list", "--search", "cli-paged", "--offset", "2"]),
+        0,
+    );
+    assert!(
+        out.contains("cli-paged-2") && !out.contains("cli-paged-0"),
+        "{out}"
+    );
+    let json = json_of(&expect(
+        run(&["--json", "queues", "list", "--search", "cli-paged-1"]),
+        0,
+    ));
+    assert_eq!(json["total"], 1, "{json}");
+}
+
+#[test]
+fn kafka_topics_and_groups_from_a_broker_without_the_listener_and_from_a_fake_one() {
+    let out = expect(run(&["kafka", "groups"]), 0);
+    assert!(out.starts_with("GROUP"), "{out}");
+    assert!(out.contains("members unknown"), "{out}");
+    let json = json_of(&expect(run(&["--json", "kafka", "topics"]), 0));
+    assert_eq!(json["topics"], json!([]), "{json}");
+
+    let url = fake_server(
+        "200 OK",
+        "application/json",
+        r#"{"groups":[{"group":"billing","state":"Stable","members":[{"memberId":"m-1","instanceId":null,"assigned":[["orders",[0,1]]]}],"lag":7,"offsets":[{"topic":"orders","partition":0,"committedOffset":3,"endOffset":10,"lag":7}]}],"total":3,"limit":1,"offset":0,"membersKnown":true}"#,
+    );
+    let o = queenctl(&url, &["kafka", "groups", "--limit", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let row = out.lines().nth(1).unwrap_or_default();
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        cols,
+        ["billing", "Stable", "m-1", "orders", "0", "3", "10", "7"],
+        "{out}"
+    );
+    assert!(out.contains("(1-1 of 3 shown"), "{out}");
 }

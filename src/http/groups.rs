@@ -9,7 +9,7 @@ use serde_json::{json, Map, Value};
 use crate::http::body::read_body;
 use crate::http::error::{with_db, ApiError};
 use crate::protocol::ack::{json_body, opt_str};
-use crate::protocol::params::seconds_param;
+use crate::protocol::params::{page_params, seconds_param};
 use crate::protocol::time::iso_millis;
 use crate::state::AppState;
 use crate::storage::queues::groups::{self, PartitionLag, SeekTarget};
@@ -31,11 +31,24 @@ fn delete_metadata(query: &HashMap<String, String>) -> bool {
     )
 }
 
-/// `GET /api/v1/consumer-groups`.
-pub async fn list(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let rows = with_db(&state, async {
+/// (Group, queue) pairs per page of `GET /api/v1/consumer-groups` when `limit` is not given.
+pub const GROUPS_PER_PAGE: i64 = 1000;
+/// Partitions per answer of `GET /api/v1/consumer-groups/lagging` when `limit` is not given.
+pub const LAGGING_PER_PAGE: i64 = 1000;
+/// The largest `limit` of both.
+const MAX_PER_PAGE: i64 = 10_000;
+
+/// `GET /api/v1/consumer-groups[?limit=1000&offset=0&search=text]`: one page of the (group,
+/// queue) pairs by group then queue name (`search`: group or queue names containing it, case
+/// insensitive), as Queen's array; the header `X-Total-Count` says how many pairs match.
+pub async fn list(
+    query: web::Query<HashMap<String, String>>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let page = page_params(&query, GROUPS_PER_PAGE, MAX_PER_PAGE)?;
+    let (rows, total) = with_db(&state, async {
         let mut conn = state.admin_pool.acquire().await?;
-        groups::list(&mut conn).await
+        groups::list_page(&mut conn, page.search.as_deref(), page.limit, page.offset).await
     })
     .await?;
     let body: Vec<Value> = rows
@@ -48,6 +61,7 @@ pub async fn list(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> 
                 "members": g.members,
                 "partitionsWithLag": g.partitions_with_lag,
                 "totalLag": null,
+                "backlog": g.backlog,
                 "maxTimeLag": g.max_time_lag,
                 "state": if g.max_time_lag > LAGGING_AFTER_SECS { "Lagging" } else { "Stable" },
                 "subscriptionMode": g.subscription_mode,
@@ -56,10 +70,12 @@ pub async fn list(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> 
             })
         })
         .collect();
-    Ok(HttpResponse::Ok().json(body))
+    Ok(HttpResponse::Ok()
+        .insert_header(("X-Total-Count", total.to_string()))
+        .json(body))
 }
 
-/// `GET /api/v1/consumer-groups/lagging?minLagSeconds=3600`.
+/// `GET /api/v1/consumer-groups/lagging?minLagSeconds=3600[&limit=1000]`: the oldest first.
 pub async fn lagging(
     query: web::Query<HashMap<String, String>>,
     state: web::Data<AppState>,
@@ -69,9 +85,10 @@ pub async fn lagging(
         query.get("minLagSeconds").map(String::as_str),
         3600,
     )?;
+    let limit = page_params(&query, LAGGING_PER_PAGE, MAX_PER_PAGE)?.limit;
     let rows = with_db(&state, async {
         let mut conn = state.admin_pool.acquire().await?;
-        groups::lagging(&mut conn, min).await
+        groups::lagging(&mut conn, min, limit).await
     })
     .await?;
     let body: Vec<Value> = rows
@@ -106,15 +123,18 @@ fn partition_json(r: &PartitionLag) -> Value {
     })
 }
 
-/// `GET /api/v1/consumer-groups/{group}`: `{queue: {partitions: [...]}}`, `{}` if unknown.
+/// `GET /api/v1/consumer-groups/{group}[?queue=name]`: `{queue: {partitions: [...]}}`, `{}` if
+/// unknown; with `queue`, that queue's partitions only (what a queue's page reads).
 pub async fn get(
     path: web::Path<String>,
+    query: web::Query<HashMap<String, String>>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let group = path.into_inner();
+    let queue = query.get("queue").filter(|q| !q.is_empty()).cloned();
     let rows = with_db(&state, async {
         let mut conn = state.admin_pool.acquire().await?;
-        groups::partitions(&mut conn, &group).await
+        groups::partitions(&mut conn, &group, queue.as_deref()).await
     })
     .await?;
     let mut body = Map::new();

@@ -20,6 +20,7 @@ pub mod groups;
 pub mod health;
 pub mod history;
 pub mod inputs;
+pub mod kafka_views;
 pub mod kv;
 pub mod lease;
 pub mod locks;
@@ -97,6 +98,8 @@ pub fn routes() -> Vec<Route> {
         Route::new(Method::GET, "/api/v1/resources/namespaces", Capability::Read, |r| r.to(resources::namespaces)),
         Route::new(Method::GET, "/api/v1/resources/tasks", Capability::Read, |r| r.to(resources::tasks)),
         Route::new(Method::GET, "/api/v1/resources/overview", Capability::Read, |r| r.to(resources::overview)),
+        Route::new(Method::GET, "/api/v1/kafka/topics", Capability::Read, |r| r.to(kafka_views::topics)),
+        Route::new(Method::GET, "/api/v1/kafka/groups", Capability::Read, |r| r.to(kafka_views::groups)),
         Route::new(Method::GET, "/api/v1/messages", Capability::Read, |r| r.to(messages::list)),
         Route::new(Method::GET, "/api/v1/messages/{partitionId}/{transactionId}", Capability::Read, |r| r.to(messages::detail)),
         Route::new(Method::GET, "/api/v1/pop/queue/{queue}/partition/{partition}", Capability::Consume, |r| r.to(pop::pop_partition)),

@@ -2,6 +2,12 @@
 //! the overview. Values are computed on request from the partitions' offsets, first/last
 //! segments (primary-key probes) and consumer state (`storage::queues::progress`), not from a
 //! periodically refreshed stats table, so they are never stale (`statsAge` is 0).
+//!
+//! What a request reads is bounded (docs/operations.md, "Views at scale"): the queue list
+//! reads one page of queues (`limit`, default [`QUEUES_PER_PAGE`]); a queue's detail one page
+//! of its partitions; the overview counts partitions exactly up to [`EXACT_PARTITIONS`] and
+//! message counts over at most [`OVERVIEW_PARTITIONS`] partitions holding messages, and says
+//! when a figure is an estimate or partial.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -10,11 +16,25 @@ use chrono::Utc;
 use serde_json::{json, Value};
 
 use crate::http::error::ApiError;
+use crate::protocol::params::page_params;
 use crate::protocol::time::iso_millis;
 use crate::state::AppState;
 use crate::storage::queues::catalog::{self, Queue};
 use crate::storage::queues::groups;
-use crate::storage::queues::resources::{self, message_counts, MessageCounts, PartitionRow};
+use crate::storage::queues::resources::{self, message_counts, MessageCounts, PartitionRow, Scope};
+
+/// Queues per page of `GET /api/v1/resources/queues` when `limit` is not given.
+pub const QUEUES_PER_PAGE: i64 = 100;
+/// The largest `limit` of the queue list.
+const MAX_QUEUES_PER_PAGE: i64 = 1000;
+/// Partitions per page of a queue's detail when `limit` is not given.
+pub const PARTITIONS_PER_PAGE: i64 = 1000;
+/// The largest `limit` of a queue's partitions.
+const MAX_PARTITIONS_PER_PAGE: i64 = 10_000;
+/// The overview counts partitions exactly up to this many, then takes PostgreSQL's estimate.
+pub const EXACT_PARTITIONS: i64 = 100_000;
+/// The overview's message counts read at most this many partitions holding messages.
+pub const OVERVIEW_PARTITIONS: i64 = 10_000;
 
 /// A queue's partition count and summed message counts.
 #[derive(Default, Clone, Copy)]
@@ -42,12 +62,47 @@ async fn tallied_queues(state: &AppState) -> Result<Vec<(Queue, Tally)>, ApiErro
         .collect())
 }
 
-/// `GET /api/v1/resources/queues`.
-pub async fn list_queues(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let queues: Vec<Value> = tallied_queues(&state)
+/// The tally of these queues: partition counts (an index-only count) and the message counts
+/// of their partitions that hold messages.
+async fn tally_of(state: &AppState, queues: &[Queue]) -> Result<HashMap<i64, Tally>, ApiError> {
+    let ids: Vec<i64> = queues.iter().map(|q| q.id).collect();
+    let mut conn = state.admin_pool.acquire().await?;
+    let mut tallies: HashMap<i64, Tally> = resources::partition_counts(&mut conn, &ids)
         .await?
         .into_iter()
-        .map(|(q, t)| {
+        .map(|(id, n)| {
+            (
+                id,
+                Tally {
+                    partitions: n,
+                    ..Tally::default()
+                },
+            )
+        })
+        .collect();
+    for p in resources::partitions_in(&mut conn, Scope::HeldIn(&ids)).await? {
+        tallies.entry(p.queue_id).or_default().messages += message_counts(&p);
+    }
+    Ok(tallies)
+}
+
+/// `GET /api/v1/resources/queues[?limit=100&offset=0&search=text]`: one page of the queues
+/// (highest priority first, then by name; `search`: names containing it, case insensitive)
+/// with `total` (queues matching), `limit` and `offset`.
+pub async fn list_queues(
+    query: web::Query<HashMap<String, String>>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let page = page_params(&query, QUEUES_PER_PAGE, MAX_QUEUES_PER_PAGE)?;
+    let (queues, total) = {
+        let mut conn = state.admin_pool.acquire().await?;
+        catalog::page(&mut conn, page.search.as_deref(), page.limit, page.offset).await?
+    };
+    let tallies = tally_of(&state, &queues).await?;
+    let queues: Vec<Value> = queues
+        .into_iter()
+        .map(|q| {
+            let t = tallies.get(&q.id).copied().unwrap_or_default();
             json!({
                 "id": q.uuid,
                 "name": q.name,
@@ -64,7 +119,12 @@ pub async fn list_queues(state: web::Data<AppState>) -> Result<HttpResponse, Api
             })
         })
         .collect();
-    Ok(HttpResponse::Ok().json(json!({ "queues": queues })))
+    Ok(HttpResponse::Ok().json(json!({
+        "queues": queues,
+        "total": total,
+        "limit": page.limit,
+        "offset": page.offset,
+    })))
 }
 
 fn partition_json(p: &PartitionRow) -> Value {
@@ -78,19 +138,29 @@ fn partition_json(p: &PartitionRow) -> Value {
     })
 }
 
-/// `GET /api/v1/resources/queues/{queue}`: 404 `Queue not found` when unknown.
+/// `GET /api/v1/resources/queues/{queue}[?limit=1000&offset=0]`: the queue, one page of its
+/// partitions by name, `partitionCount` and the totals over all of them; 404 `Queue not
+/// found` when unknown.
 pub async fn queue_detail(
     name: web::Path<String>,
+    query: web::Query<HashMap<String, String>>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
+    let page = page_params(&query, PARTITIONS_PER_PAGE, MAX_PARTITIONS_PER_PAGE)?;
     let mut conn = state.admin_pool.acquire().await?;
     let queue = catalog::find(&mut conn, &name)
         .await?
         .ok_or_else(|| ApiError::NotFound("Queue not found".into()))?;
-    let partitions = resources::partitions(&mut conn, Some(queue.id)).await?;
+    let ids = resources::partition_page(&mut conn, queue.id, page.limit, page.offset).await?;
+    let partitions = resources::partitions_in(&mut conn, Scope::Ids(&ids)).await?;
+    let count = resources::partition_counts(&mut conn, &[queue.id])
+        .await?
+        .get(&queue.id)
+        .copied()
+        .unwrap_or(0);
     let mut totals = MessageCounts::default();
-    for p in &partitions {
-        totals += message_counts(p);
+    for p in resources::partitions_in(&mut conn, Scope::HeldIn(&[queue.id])).await? {
+        totals += message_counts(&p);
     }
     Ok(HttpResponse::Ok().json(json!({
         "id": queue.uuid,
@@ -101,6 +171,9 @@ pub async fn queue_detail(
         "createdAt": iso_millis(queue.created_at),
         "options": queue.options,
         "partitions": partitions.iter().map(partition_json).collect::<Vec<_>>(),
+        "partitionCount": count,
+        "limit": page.limit,
+        "offset": page.offset,
         "totals": totals,
     })))
 }
@@ -163,27 +236,34 @@ pub async fn tasks(state: web::Data<AppState>) -> Result<HttpResponse, ApiError>
 /// with something unconsumed (`storage::queues::groups::lag_summary`), computed on request like the
 /// counts. `processedPerSecond` is always 0: consumer state keeps cursors and totals, not a
 /// history of when messages were consumed, so there is no rate to read.
+///
+/// Bounded: `partitions` is exact up to [`EXACT_PARTITIONS`] (`partitionsExact`), else
+/// PostgreSQL's estimate; `messages` sums the partitions holding messages, at most
+/// [`OVERVIEW_PARTITIONS`] of them (`messagesExact` false when there are more,
+/// `messagesPartitions` how many were read).
 pub async fn overview(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let queues = tallied_queues(&state).await?;
-    let (ingested, (time_lag, offset_lag)) = {
-        let mut conn = state.admin_pool.acquire().await?;
-        (
-            resources::ingested_per_second(&mut conn).await?,
-            groups::lag_summary(&mut conn).await?,
-        )
-    };
+    let mut conn = state.admin_pool.acquire().await?;
+    let (queues, namespaces, tasks) = catalog::counts(&mut conn).await?;
+    let (partitions, partitions_exact) =
+        resources::partition_total(&mut conn, EXACT_PARTITIONS).await?;
+    let mut held = resources::held_partitions(&mut conn, OVERVIEW_PARTITIONS + 1).await?;
+    let messages_exact = held.len() as i64 <= OVERVIEW_PARTITIONS;
+    held.truncate(OVERVIEW_PARTITIONS as usize);
     let mut messages = MessageCounts::default();
-    let mut partitions = 0;
-    for (_, t) in &queues {
-        messages += t.messages;
-        partitions += t.partitions;
+    for p in resources::partitions_in(&mut conn, Scope::Ids(&held)).await? {
+        messages += message_counts(&p);
     }
+    let ingested = resources::ingested_per_second(&mut conn).await?;
+    let (time_lag, offset_lag) = groups::lag_summary(&mut conn).await?;
     Ok(HttpResponse::Ok().json(json!({
-        "queues": queues.len(),
+        "queues": queues,
         "partitions": partitions,
-        "namespaces": grouped(&queues, |q| &q.namespace, "namespace").len(),
-        "tasks": grouped(&queues, |q| &q.task, "task").len(),
+        "partitionsExact": partitions_exact,
+        "namespaces": namespaces,
+        "tasks": tasks,
         "messages": messages,
+        "messagesExact": messages_exact,
+        "messagesPartitions": held.len(),
         "lag": { "time": time_lag, "offset": offset_lag },
         "throughput": { "ingestedPerSecond": ingested, "processedPerSecond": 0 },
         "timestamp": iso_millis(Utc::now()),

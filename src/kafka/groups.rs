@@ -32,19 +32,20 @@ use kafka_protocol::messages::offset_fetch_response::{
     OffsetFetchResponseTopic, OffsetFetchResponseTopics,
 };
 use kafka_protocol::messages::{
-    BrokerId, DescribeGroupsRequest, DescribeGroupsResponse, FindCoordinatorRequest,
-    FindCoordinatorResponse, GroupId, HeartbeatRequest, HeartbeatResponse, JoinGroupRequest,
-    JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest,
+    BrokerId, ConsumerProtocolAssignment, DescribeGroupsRequest, DescribeGroupsResponse,
+    FindCoordinatorRequest, FindCoordinatorResponse, GroupId, HeartbeatRequest, HeartbeatResponse,
+    JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest,
     ListGroupsResponse, OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest,
     OffsetFetchResponse, SyncGroupRequest, SyncGroupResponse, TopicName,
 };
-use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::protocol::{Decodable, StrBytes};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::kafka::metadata::{storage_code, topic_counts};
 use crate::kafka::{code, Kafka, NODE_ID};
+use crate::state::{KafkaGroupMembers, KafkaMember};
 use crate::storage::kafka as store;
 
 /// How long an empty group waits for more members before its first generation.
@@ -209,6 +210,33 @@ pub struct Coordinator {
 impl Coordinator {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Group>> {
         self.groups.lock().expect("group coordinator lock poisoned")
+    }
+
+    /// Every group with its members and their assigned partitions, by group id (the views:
+    /// `crate::state::KafkaMembership`).
+    pub fn snapshot(&self) -> Vec<KafkaGroupMembers> {
+        let mut out: Vec<KafkaGroupMembers> = self
+            .lock()
+            .iter()
+            .map(|(id, g)| KafkaGroupMembers {
+                group: id.clone(),
+                state: state_name(g.phase),
+                generation: g.generation,
+                protocol: g.protocol.clone(),
+                leader: g.leader.clone(),
+                members: g
+                    .members
+                    .iter()
+                    .map(|(member_id, m)| KafkaMember {
+                        member_id: member_id.clone(),
+                        instance_id: m.instance_id.clone(),
+                        assigned: assigned_partitions(&m.assignment),
+                    })
+                    .collect(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.group.cmp(&b.group));
+        out
     }
 
     /// Completes rebalances that ran out and drops members whose session expired; run every
@@ -808,6 +836,28 @@ pub async fn offset_fetch(
 }
 
 /// Kafka's name of a group state.
+/// The topics and partitions of a consumer-protocol assignment (version, then the assignment);
+/// empty when it is something else.
+fn assigned_partitions(assignment: &Bytes) -> Vec<(String, Vec<i32>)> {
+    let mut buf = assignment.clone();
+    if buf.len() < 2 {
+        return Vec::new();
+    }
+    let version = i16::from_be_bytes([buf[0], buf[1]]);
+    let _ = buf.split_to(2);
+    if !(0..=3).contains(&version) {
+        return Vec::new();
+    }
+    ConsumerProtocolAssignment::decode(&mut buf, version)
+        .map(|a| {
+            a.assigned_partitions
+                .into_iter()
+                .map(|t| (t.topic.0.to_string(), t.partitions))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn state_name(phase: Phase) -> &'static str {
     match phase {
         Phase::Empty => "Empty",

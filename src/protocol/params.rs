@@ -150,3 +150,56 @@ mod tests {
         assert!(lease_seconds(Some(&json!("5")), 60).is_err());
     }
 }
+
+/// One page of a listing, from the query parameters `limit`, `offset` and `search`
+/// (docs/operations.md, "Views at scale").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    /// Rows at most.
+    pub limit: i64,
+    /// Rows skipped.
+    pub offset: i64,
+    /// Only names containing this (case insensitive); `None` when absent or empty.
+    pub search: Option<String>,
+}
+
+/// The page a listing's query asks for: `limit` is `default` when absent or empty and at most
+/// `max` (a larger one is cut to `max`), `offset` 0 when absent, `search` at most 255
+/// characters without NUL.
+///
+/// # Errors
+///
+/// [`ProtocolError`] naming the parameter that is not a whole number (`limit` at least 1,
+/// `offset` at least 0) or the search text that is too long.
+pub fn page_params(
+    query: &std::collections::HashMap<String, String>,
+    default: i64,
+    max: i64,
+) -> Result<Page, ProtocolError> {
+    let number = |field: &str, min: i64, default: i64| match query
+        .get(field)
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty())
+    {
+        None => Ok(default),
+        Some(text) => text
+            .parse::<i64>()
+            .ok()
+            .filter(|n| *n >= min)
+            .ok_or_else(|| {
+                ProtocolError(format!("{field} must be a whole number of at least {min}"))
+            }),
+    };
+    let search = query.get("search").filter(|v| !v.is_empty()).cloned();
+    check_text("search", search.as_deref())?;
+    if search.as_ref().is_some_and(|s| s.chars().count() > 255) {
+        return Err(ProtocolError(
+            "search must be at most 255 characters".into(),
+        ));
+    }
+    Ok(Page {
+        limit: number("limit", 1, default)?.min(max),
+        offset: number("offset", 0, 0)?,
+        search,
+    })
+}

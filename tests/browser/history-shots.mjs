@@ -6,9 +6,14 @@
 //
 //   QUEEN_BROKER_BIN, CHROMIUM_PATH  as for dashboard.test.mjs
 //   MINUTES                          how long the load runs (default 5)
+//   IDLE_MINUTES                     how long the broker then stays idle before the screenshots
+//                                    (default 0), so the charts show load and quiet
+//   PAGE_FROM_DISK=1                 serve the page's files from dashboard/ (the working tree)
+//                                    instead of the copies built into the broker, so a broker
+//                                    started long ago shows the page as it is now
 
 import { spawn } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -18,6 +23,9 @@ import { chromium } from "playwright-core";
 const here = dirname(fileURLToPath(import.meta.url));
 const SHOTS = join(here, "screenshots");
 const MINUTES = Number(process.env.MINUTES || 5);
+const IDLE_MINUTES = Number(process.env.IDLE_MINUTES || 0);
+const FROM_DISK = process.env.PAGE_FROM_DISK === "1";
+const PAGE_DIR = resolve(here, "../../dashboard");
 
 const bin = process.env.QUEEN_BROKER_BIN
   || join(process.env.CARGO_TARGET_DIR || resolve(here, "../../target"), "debug", "queen-broker");
@@ -86,9 +94,29 @@ try {
     (async () => { while (Date.now() < until) { await consume("bench-events", "indexer", 5); await sleep(2000); } })(),
   ];
   await Promise.all(loops);
+  console.log(`load done (${MINUTES} min); idle for ${IDLE_MINUTES} min`);
+  await sleep(IDLE_MINUTES * 60_000);
   mkdirSync(SHOTS, { recursive: true });
-  const browser = await chromium.launch({ executablePath: process.env.CHROMIUM_PATH || "/usr/bin/chromium", args: ["--no-sandbox", "--disable-dev-shm-usage"] });
+  const chromiumPath = process.env.CHROMIUM_PATH || "/usr/bin/chromium";
+  for (let i = 0; !existsSync(chromiumPath) && i < 60; i++) { // not installed yet: wait, keeping the history
+    console.log(`waiting for ${chromiumPath}`);
+    await sleep(30_000);
+  }
+  const browser = await chromium.launch({ executablePath: chromiumPath, args: ["--no-sandbox", "--disable-dev-shm-usage"] });
   const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+  if (FROM_DISK) {
+    const types = { "app.js": "text/javascript", "app.css": "text/css" };
+    await page.route(/\/(\?[^#]*)?$|\/dashboard\/app\.(js|css)$/, async (route) => {
+      const url = new URL(route.request().url());
+      const name = url.pathname === "/" ? "index.html" : url.pathname.split("/").pop();
+      const upstream = await route.fetch(); // keeps the broker's headers (the content security policy)
+      await route.fulfill({
+        response: upstream,
+        body: readFileSync(join(PAGE_DIR, name), "utf8"),
+        headers: { ...upstream.headers(), "content-type": `${types[name] || "text/html"}; charset=utf-8` },
+      });
+    });
+  }
   await page.goto(`${base}/?refresh=0`);
   await page.locator("#chart-rates svg").waitFor({ timeout: 20_000 });
   await page.screenshot({ path: join(SHOTS, "history-overview.png"), fullPage: true });

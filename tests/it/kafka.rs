@@ -1149,3 +1149,95 @@ fn each_kafka_api_requires_what_the_http_route_doing_the_same_requires() {
         assert_eq!(route.capability, *capability, "{key:?} is like {like}");
     }
 }
+
+/// The Kafka views (`GET /api/v1/kafka/topics`, `/api/v1/kafka/groups`): a produced-to topic
+/// with its offsets, a group's committed offset and lag, a member that joined through this
+/// broker, paging and search.
+#[actix_web::test]
+async fn the_kafka_views_show_topics_offsets_groups_lag_and_members() {
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    use kafka_protocol::messages::offset_commit_request::{
+        OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+    };
+    use kafka_protocol::messages::{
+        GroupId, JoinGroupRequest, JoinGroupResponse, OffsetCommitRequest, OffsetCommitResponse,
+    };
+
+    let db = fresh_db().await;
+    let (app, port) = kafka_app(&db, &[]).await;
+    let mut conn = Conn::open(port).await;
+    let sent: Vec<Record> = (0..5)
+        .map(|i| record(i, None, br#"{"n":1}"#, None))
+        .collect();
+    for topic in ["views-orders", "views-audit"] {
+        let answer: ProduceResponse = conn
+            .call(
+                ApiKey::Produce,
+                9,
+                &produce_request(topic, 0, batch(&sent, Compression::None), -1),
+            )
+            .await;
+        assert_eq!(answer.responses[0].partition_responses[0].error_code, 0);
+    }
+
+    let mut commit = OffsetCommitRequest::default();
+    commit.group_id = GroupId(StrBytes::from_static_str("billing"));
+    commit.generation_id_or_member_epoch = -1;
+    let mut topic = OffsetCommitRequestTopic::default();
+    topic.name = TopicName(StrBytes::from_static_str("views-orders"));
+    let mut partition = OffsetCommitRequestPartition::default();
+    partition.partition_index = 0;
+    partition.committed_offset = 2;
+    topic.partitions = vec![partition];
+    commit.topics = vec![topic];
+    let answer: OffsetCommitResponse = conn.call(ApiKey::OffsetCommit, 8, &commit).await;
+    assert_eq!(answer.topics[0].partitions[0].error_code, 0);
+
+    let mut join = JoinGroupRequest::default();
+    join.group_id = GroupId(StrBytes::from_static_str("billing"));
+    join.session_timeout_ms = 30_000;
+    join.rebalance_timeout_ms = 30_000;
+    join.protocol_type = StrBytes::from_static_str("consumer");
+    let mut protocol = JoinGroupRequestProtocol::default();
+    protocol.name = StrBytes::from_static_str("range");
+    join.protocols = vec![protocol];
+    let joined: JoinGroupResponse = conn.call(ApiKey::JoinGroup, 4, &join).await;
+    assert_eq!(joined.error_code, 0);
+    let member = joined.member_id.to_string();
+
+    let topics = app.get("/api/v1/kafka/topics").await;
+    assert_eq!(topics.status, 200, "{}", topics.body);
+    assert_eq!(topics.body["total"], 2);
+    assert_eq!(topics.body["topics"][0]["name"], "views-audit", "by name");
+    let orders = &topics.body["topics"][1];
+    assert_eq!(orders["name"], "views-orders");
+    assert_eq!(
+        orders["offsets"][0],
+        json!({"partition": 0, "logStartOffset": 0, "endOffset": 5, "records": 5})
+    );
+    let found = app.get("/api/v1/kafka/topics?search=ORD&limit=1").await;
+    assert_eq!(found.body["total"], 1);
+    assert_eq!(found.body["topics"].as_array().unwrap().len(), 1);
+    let second = app.get("/api/v1/kafka/topics?limit=1&offset=1").await;
+    assert_eq!(second.body["topics"][0]["name"], "views-orders");
+
+    let groups = app.get("/api/v1/kafka/groups").await;
+    assert_eq!(groups.status, 200, "{}", groups.body);
+    assert_eq!(groups.body["membersKnown"], true);
+    assert_eq!(groups.body["total"], 1);
+    let billing = &groups.body["groups"][0];
+    assert_eq!(billing["group"], "billing");
+    assert_eq!(billing["lag"], 3);
+    assert_eq!(
+        billing["offsets"],
+        json!([{"topic": "views-orders", "partition": 0, "committedOffset": 2, "endOffset": 5,
+                "lag": 3}])
+    );
+    let members = billing["members"].as_array().unwrap();
+    assert_eq!(members.len(), 1, "{billing}");
+    assert_eq!(members[0]["memberId"], member.as_str());
+    let none = app.get("/api/v1/kafka/groups?search=nobody").await;
+    assert_eq!(none.body["total"], 0);
+    assert_eq!(none.body["groups"], json!([]));
+    assert_eq!(app.get("/api/v1/kafka/groups?limit=x").await.status, 400);
+}

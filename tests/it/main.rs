@@ -78,3 +78,4 @@ mod timers;
 mod tls;
 mod transaction_basic;
 mod transaction_riders;
+mod views_paging;

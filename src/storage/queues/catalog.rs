@@ -213,6 +213,71 @@ pub async fn all(conn: &mut PgConnection) -> Result<Vec<Queue>, StorageError> {
     .map_err(StorageError::from)
 }
 
+/// Turns a search text into an `ILIKE` pattern matching names that contain it (case
+/// insensitive; `%`, `_` and `\\` match themselves).
+pub fn contains_pattern(search: &str) -> String {
+    let mut out = String::with_capacity(search.len() + 2);
+    out.push('%');
+    for c in search.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('%');
+    out
+}
+
+/// One page of the queues in listing order (highest priority first, then by name), of those
+/// whose name contains `search` (all when `None`), and how many queues match in all.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn page(
+    conn: &mut PgConnection,
+    search: Option<&str>,
+    limit: i64,
+    offset: i64,
+) -> Result<(Vec<Queue>, i64), StorageError> {
+    let pattern = search.map(contains_pattern);
+    let queues = sqlx::query_as(&format!(
+        "SELECT id, uuid, name, namespace, task, created_at, {OPTION_COLUMNS}
+           FROM queen.queues
+          WHERE $1::text IS NULL OR name ILIKE $1
+          ORDER BY priority DESC, name
+          LIMIT $2 OFFSET $3"
+    ))
+    .bind(&pattern)
+    .bind(limit)
+    .bind(offset)
+    .fetch_all(&mut *conn)
+    .await?;
+    let total: i64 = sqlx::query_scalar(
+        "SELECT count(*)::int8 FROM queen.queues WHERE $1::text IS NULL OR name ILIKE $1",
+    )
+    .bind(&pattern)
+    .fetch_one(conn)
+    .await?;
+    Ok((queues, total))
+}
+
+/// How many queues there are, and how many distinct non-empty namespaces and tasks they name.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn counts(conn: &mut PgConnection) -> Result<(i64, i64, i64), StorageError> {
+    Ok(sqlx::query_as(
+        "SELECT count(*)::int8,
+                count(DISTINCT NULLIF(namespace, ''))::int8,
+                count(DISTINCT NULLIF(task, ''))::int8
+           FROM queen.queues",
+    )
+    .fetch_one(conn)
+    .await?)
+}
+
 /// Deletes the queue with everything it holds: partitions and segments (by cascade) and the
 /// partitions' dedup sidecar rows (no foreign key there, so explicitly). Returns whether it
 /// existed.

@@ -10,13 +10,21 @@ use uuid::Uuid;
 
 use crate::storage::consume::read::start_offset_sql;
 use crate::storage::error::StorageError;
+use crate::storage::queues::catalog::contains_pattern;
 
 /// Where each subscribed group stands on each partition of its queues; `$1` filters by group
 /// (NULL = all). A partition the group never touched starts where its subscription says.
 fn positions() -> String {
+    scoped_positions("", "TRUE")
+}
+
+/// [`positions`] with CTEs of the caller's before `pos` (`before`: empty, or CTEs each
+/// followed by a comma) and a condition on the subscription `s` and queue `q`, so the work is
+/// that of the pairs in scope.
+fn scoped_positions(before: &str, scope: &str) -> String {
     format!(
         "
-WITH pos AS (
+WITH {before} pos AS (
     SELECT s.consumer_group, q.name AS queue, p.id AS partition_id, p.uuid AS partition_uuid,
            p.name AS partition, p.next_offset, c.lease_owner, c.last_consumed_at,
            COALESCE(c.total_consumed, 0) AS total_consumed,
@@ -25,10 +33,18 @@ WITH pos AS (
            COALESCE(c.committed_offset, {start}) AS position
       FROM queen.consumer_subscriptions s
       JOIN queen.queues q ON q.id = s.queue_id
-      JOIN queen.partitions p ON p.queue_id = q.id
+      -- Per subscription, its queue's partitions through the (queue_id, name) index: the work
+      -- is the subscribed pairs, never every partition (OFFSET 0 keeps the planner from
+      -- turning this into one scan of the whole index).
+      CROSS JOIN LATERAL (
+           SELECT p.id, p.uuid, p.name, p.next_offset
+             FROM queen.partitions p
+            WHERE p.queue_id = s.queue_id
+           OFFSET 0
+      ) p
       LEFT JOIN queen.partition_consumers c
         ON c.partition_id = p.id AND c.consumer_group = s.consumer_group
-     WHERE ($1::text IS NULL OR s.consumer_group = $1)
+     WHERE ($1::text IS NULL OR s.consumer_group = $1) AND ({scope})
 ), lag AS (
     SELECT pos.*,
            GREATEST(pos.next_offset - pos.position, 0) AS offset_lag,
@@ -63,6 +79,8 @@ pub struct GroupSummary {
     pub members: i64,
     /// Partitions with unconsumed messages.
     pub partitions_with_lag: i64,
+    /// Messages past the group's cursors, over the queue's partitions.
+    pub backlog: i64,
     /// Age in seconds of the oldest unconsumed message.
     pub max_time_lag: i64,
     /// `all`, `new` or `timestamp`.
@@ -85,6 +103,7 @@ pub async fn list(conn: &mut PgConnection) -> Result<Vec<GroupSummary>, StorageE
          SELECT consumer_group, queue,
                 count(*) FILTER (WHERE lease_active) AS members,
                 count(*) FILTER (WHERE offset_lag > 0) AS partitions_with_lag,
+                COALESCE(sum(offset_lag), 0)::int8 AS backlog,
                 COALESCE(max(extract(epoch FROM now() - oldest_unconsumed_at))::int8, 0)
                     AS max_time_lag,
                 min(subscription_mode) AS subscription_mode,
@@ -98,6 +117,68 @@ pub async fn list(conn: &mut PgConnection) -> Result<Vec<GroupSummary>, StorageE
     .fetch_all(conn)
     .await
     .map_err(StorageError::from)
+}
+
+/// One page of the (group, queue) pairs, by group then queue name, of those whose group or
+/// queue name contains `search` (`storage::queues::catalog::contains_pattern`), with their
+/// lag, and how many pairs match in all. The lag is read for the page's pairs only.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn list_page(
+    conn: &mut PgConnection,
+    search: Option<&str>,
+    limit: i64,
+    offset: i64,
+) -> Result<(Vec<GroupSummary>, i64), StorageError> {
+    let pattern = search.map(contains_pattern);
+    let matching = |p: &str| {
+        format!(
+            "SELECT s.consumer_group, s.queue_id, q.name AS queue_name
+               FROM queen.consumer_subscriptions s
+               JOIN queen.queues q ON q.id = s.queue_id
+              WHERE {p}::text IS NULL OR s.consumer_group ILIKE {p} OR q.name ILIKE {p}"
+        )
+    };
+    let positions = scoped_positions(
+        &format!(
+            "page AS ({}
+                ORDER BY consumer_group, queue_name
+                LIMIT $3 OFFSET $4),",
+            matching("$2")
+        ),
+        "(s.consumer_group, s.queue_id) IN (SELECT consumer_group, queue_id FROM page)",
+    );
+    let rows = sqlx::query_as(&format!(
+        "{positions}
+         SELECT consumer_group, queue,
+                count(*) FILTER (WHERE lease_active) AS members,
+                count(*) FILTER (WHERE offset_lag > 0) AS partitions_with_lag,
+                COALESCE(sum(offset_lag), 0)::int8 AS backlog,
+                COALESCE(max(extract(epoch FROM now() - oldest_unconsumed_at))::int8, 0)
+                    AS max_time_lag,
+                min(subscription_mode) AS subscription_mode,
+                min(subscription_from) AS subscription_from,
+                min(subscribed_at) AS subscribed_at
+           FROM lag
+          GROUP BY consumer_group, queue
+          ORDER BY consumer_group, queue"
+    ))
+    .bind(None::<String>)
+    .bind(&pattern)
+    .bind(limit)
+    .bind(offset)
+    .fetch_all(&mut *conn)
+    .await?;
+    let total: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*)::int8 FROM ({}) m",
+        matching("$1")
+    ))
+    .bind(&pattern)
+    .fetch_one(conn)
+    .await?;
+    Ok((rows, total))
 }
 
 /// One partition of a group.
@@ -132,7 +213,8 @@ const PARTITION_COLUMNS: &str = "consumer_group, queue, partition, partition_uui
     COALESCE(extract(epoch FROM now() - oldest_unconsumed_at)::int8, 0) AS time_lag_seconds,
     oldest_unconsumed_at, last_consumed_at, total_consumed, lease_active";
 
-/// Partitions whose oldest unconsumed message is at least `min_lag_secs` old.
+/// Partitions whose oldest unconsumed message is at least `min_lag_secs` old, the oldest
+/// first, at most `limit` of them.
 ///
 /// # Errors
 ///
@@ -140,6 +222,7 @@ const PARTITION_COLUMNS: &str = "consumer_group, queue, partition, partition_uui
 pub async fn lagging(
     conn: &mut PgConnection,
     min_lag_secs: i64,
+    limit: i64,
 ) -> Result<Vec<PartitionLag>, StorageError> {
     let positions = positions();
     sqlx::query_as(&format!(
@@ -147,16 +230,18 @@ pub async fn lagging(
          SELECT {PARTITION_COLUMNS}
            FROM lag
           WHERE oldest_unconsumed_at <= now() - $2 * interval '1 second'
-          ORDER BY oldest_unconsumed_at, consumer_group, queue, partition"
+          ORDER BY oldest_unconsumed_at, consumer_group, queue, partition
+          LIMIT $3"
     ))
     .bind(None::<String>)
     .bind(min_lag_secs as f64)
+    .bind(limit)
     .fetch_all(conn)
     .await
     .map_err(StorageError::from)
 }
 
-/// Every partition of every queue the group subscribed to.
+/// Every partition of every queue the group subscribed to (of `queue` only, when given).
 ///
 /// # Errors
 ///
@@ -164,8 +249,9 @@ pub async fn lagging(
 pub async fn partitions(
     conn: &mut PgConnection,
     group: &str,
+    queue: Option<&str>,
 ) -> Result<Vec<PartitionLag>, StorageError> {
-    let positions = positions();
+    let positions = scoped_positions("", "$2::text IS NULL OR q.name = $2");
     sqlx::query_as(&format!(
         "{positions}
          SELECT {PARTITION_COLUMNS}
@@ -173,6 +259,7 @@ pub async fn partitions(
           ORDER BY queue, partition"
     ))
     .bind(group)
+    .bind(queue)
     .fetch_all(conn)
     .await
     .map_err(StorageError::from)

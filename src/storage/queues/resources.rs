@@ -61,6 +61,20 @@ impl PartitionRow {
     }
 }
 
+/// Which partitions [`partitions_in`] reads.
+#[derive(Debug, Clone, Copy)]
+pub enum Scope<'a> {
+    /// Every partition of every queue.
+    All,
+    /// Every partition of these queues (internal ids).
+    Queues(&'a [i64]),
+    /// The partitions of these queues that hold messages now (those without contribute nothing
+    /// to the counts but their number; [`partition_counts`] has that).
+    HeldIn(&'a [i64]),
+    /// These partitions (internal ids).
+    Ids(&'a [i64]),
+}
+
 /// Partitions with their segment facts and consumer state: of one queue, or of every queue.
 /// Two statements, however many partitions.
 ///
@@ -71,6 +85,35 @@ pub async fn partitions(
     conn: &mut PgConnection,
     queue_id: Option<i64>,
 ) -> Result<Vec<PartitionRow>, StorageError> {
+    match queue_id {
+        Some(id) => partitions_in(conn, Scope::Queues(&[id])).await,
+        None => partitions_in(conn, Scope::All).await,
+    }
+}
+
+/// Partitions of `scope` with their segment facts and consumer state, in queue and name
+/// order. Two statements, however many partitions; the work is two primary-key probes per
+/// partition in scope (the first and the last segment) and a look at its consumer rows.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn partitions_in(
+    conn: &mut PgConnection,
+    scope: Scope<'_>,
+) -> Result<Vec<PartitionRow>, StorageError> {
+    let held;
+    let (filter, ids): (&str, Option<&[i64]>) = match scope {
+        Scope::All => ("$1::int8[] IS NULL", None),
+        Scope::Queues(ids) => ("p.queue_id = ANY($1)", Some(ids)),
+        Scope::HeldIn(queues) => {
+            // One probe of the segments' key per partition first; the consumer state is then
+            // read for the partitions that hold messages only.
+            held = held_in(conn, queues).await?;
+            ("p.id = ANY($1)", Some(held.as_slice()))
+        }
+        Scope::Ids(ids) => ("p.id = ANY($1)", Some(ids)),
+    };
     let mut rows: Vec<PartitionRow> = sqlx::query_as(&format!(
         "SELECT p.id, p.uuid, p.queue_id, p.name, p.created_at, p.next_offset,
                 f.base_offset AS first_offset, f.created_at AS oldest_at, l.created_at AS newest_at,
@@ -85,11 +128,11 @@ pub async fn partitions(
                  WHERE partition_id = p.id ORDER BY base_offset DESC LIMIT 1
            ) l ON TRUE
            {joins}
-          WHERE $1::int8 IS NULL OR p.queue_id = $1
+          WHERE {filter}
           ORDER BY p.queue_id, p.name",
         joins = progress::progress_joins()
     ))
-    .bind(queue_id)
+    .bind(ids)
     .fetch_all(&mut *conn)
     .await?;
     let ranges: Vec<_> = rows
@@ -107,6 +150,118 @@ pub async fn partitions(
         }
     }
     Ok(rows)
+}
+
+/// The partitions (internal ids) of these queues that hold messages now.
+async fn held_in(conn: &mut PgConnection, queue_ids: &[i64]) -> Result<Vec<i64>, StorageError> {
+    Ok(sqlx::query_scalar(
+        "SELECT p.id
+           FROM queen.partitions p
+          WHERE p.queue_id = ANY($1)
+            AND EXISTS (SELECT 1 FROM queen.segments s WHERE s.partition_id = p.id)",
+    )
+    .bind(queue_ids)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// The partition count of each of these queues (internal ids; a queue without partitions is
+/// absent): an index-only count over the `(queue_id, name)` index.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn partition_counts(
+    conn: &mut PgConnection,
+    queue_ids: &[i64],
+) -> Result<HashMap<i64, i64>, StorageError> {
+    let rows: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT queue_id, count(*)::int8
+           FROM queen.partitions
+          WHERE queue_id = ANY($1)
+          GROUP BY queue_id",
+    )
+    .bind(queue_ids)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// The internal ids of one page of a queue's partitions, by name.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn partition_page(
+    conn: &mut PgConnection,
+    queue_id: i64,
+    limit: i64,
+    offset: i64,
+) -> Result<Vec<i64>, StorageError> {
+    Ok(sqlx::query_scalar(
+        "SELECT id FROM queen.partitions WHERE queue_id = $1 ORDER BY name LIMIT $2 OFFSET $3",
+    )
+    .bind(queue_id)
+    .bind(limit)
+    .bind(offset)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// Up to `limit` partitions (internal ids, ascending) that hold messages now, found by a
+/// skip scan of the segments' primary key: one index probe per partition found, however many
+/// partitions there are and however many segments each holds.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn held_partitions(
+    conn: &mut PgConnection,
+    limit: i64,
+) -> Result<Vec<i64>, StorageError> {
+    Ok(sqlx::query_scalar(
+        "WITH RECURSIVE held(id, n) AS (
+             (SELECT partition_id, 1 FROM queen.segments ORDER BY partition_id LIMIT 1)
+             UNION ALL
+             SELECT (SELECT s.partition_id FROM queen.segments s
+                      WHERE s.partition_id > held.id
+                      ORDER BY s.partition_id LIMIT 1), held.n + 1
+               FROM held
+              WHERE held.id IS NOT NULL AND held.n < $1
+         )
+         SELECT id FROM held WHERE id IS NOT NULL",
+    )
+    .bind(limit)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// How many partitions there are: exact up to `exact_up_to` (a count stopped there), else
+/// PostgreSQL's estimate of the table's rows (`pg_class.reltuples`, kept by autovacuum and
+/// ANALYZE). The flag says whether the figure is exact.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn partition_total(
+    conn: &mut PgConnection,
+    exact_up_to: i64,
+) -> Result<(i64, bool), StorageError> {
+    let counted: i64 = sqlx::query_scalar(
+        "SELECT count(*)::int8 FROM (SELECT 1 FROM queen.partitions LIMIT $1) x",
+    )
+    .bind(exact_up_to + 1)
+    .fetch_one(&mut *conn)
+    .await?;
+    if counted <= exact_up_to {
+        return Ok((counted, true));
+    }
+    let estimate: f64 = sqlx::query_scalar(
+        "SELECT GREATEST(reltuples, 0)::float8 FROM pg_class WHERE oid = 'queen.partitions'::regclass",
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(((estimate as i64).max(counted), false))
 }
 
 /// Message counts of a partition (or a sum of them), with the wire's names.
