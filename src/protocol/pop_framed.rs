@@ -30,6 +30,10 @@ pub const VERSION: u8 = 1;
 pub const CODEC_RAW: u8 = 0;
 /// Record codec: one zstd frame of the frames (with its content size).
 pub const CODEC_ZSTD: u8 = 1;
+/// A frame's bytes besides its transaction id and payload: length word, flags, message id,
+/// trace id, and the two length words of the strings (the producer's is counted with the
+/// transaction id's budget; only a size hint).
+const FRAME_OVERHEAD: usize = 4 + 1 + 16 + 16 + 2 + 2 + 16;
 /// Frame flag: a trace id follows the message id.
 pub const FRAME_TRACE: u8 = 1;
 /// Frame flag: a producer follows the transaction id.
@@ -132,13 +136,22 @@ fn put_frame(out: &mut Vec<u8>, m: &Message<'_>) -> Result<(), TooLong> {
 
 /// Encodes the answer. A record is a run of messages at consecutive offsets with one arrival
 /// time; with `compress` each record's frames are one zstd frame (level 1, content size
-/// written), else they go raw.
+/// written) when that is smaller than the frames, else they go raw (the codec byte is per
+/// record). One compression context serves the whole answer.
 ///
 /// # Errors
 ///
 /// [`TooLong`] when a field does not fit its length word (the caller then answers JSON).
 pub fn encode(answer: &Answer<'_>, compress: bool) -> Result<Vec<u8>, TooLong> {
-    let mut out = MAGIC.to_vec();
+    // Sized for the frames written raw: one allocation in the common case.
+    let payload_bytes: usize = answer
+        .claims
+        .iter()
+        .flat_map(|c| c.messages.iter())
+        .map(|m| FRAME_OVERHEAD + m.transaction_id.len() + m.payload.len())
+        .sum();
+    let mut out = Vec::with_capacity(64 + answer.own.len() + payload_bytes);
+    out.extend_from_slice(MAGIC);
     out.push(VERSION);
     put_u32(&mut out, answer.own.len(), "own keys")?;
     out.extend_from_slice(answer.own.as_bytes());
@@ -147,6 +160,12 @@ pub fn encode(answer: &Answer<'_>, compress: bool) -> Result<Vec<u8>, TooLong> {
     put_str16(&mut out, answer.consumer_group, "consumerGroup")?;
     put_u32(&mut out, answer.claims.len(), "claims")?;
     let mut frames = Vec::new();
+    // A context that cannot be made (out of memory) only means the records go raw.
+    let mut compressor = if compress {
+        zstd::bulk::Compressor::new(1).ok()
+    } else {
+        None
+    };
     for claim in &answer.claims {
         out.extend_from_slice(&claim.partition_id.to_le_bytes());
         put_str16(&mut out, claim.partition, "partition")?;
@@ -164,9 +183,12 @@ pub fn encode(answer: &Answer<'_>, compress: bool) -> Result<Vec<u8>, TooLong> {
             for m in run {
                 put_frame(&mut frames, m)?;
             }
-            if compress {
+            let smaller = compressor
+                .as_mut()
+                .and_then(|c| c.compress(&frames).ok())
+                .filter(|z| z.len() < frames.len());
+            if let Some(z) = smaller {
                 out.push(CODEC_ZSTD);
-                let z = zstd::bulk::compress(&frames, 1).expect("zstd compresses a buffer");
                 put_u32(&mut out, z.len(), "record")?;
                 out.extend_from_slice(&z);
             } else {
@@ -347,6 +369,46 @@ mod tests {
                 assert_eq!((g.7.as_str(), g.8), ("42", 1));
             }
         }
+    }
+
+    /// The codec byte of an answer's last record (the answer ends `codec, u32 len, bytes`).
+    fn last_codec(bytes: &[u8]) -> u8 {
+        (0..bytes.len() - 5)
+            .rev()
+            .find(|&i| {
+                let len = u32::from_le_bytes(bytes[i + 1..i + 5].try_into().unwrap()) as usize;
+                bytes[i] <= CODEC_ZSTD && i + 5 + len == bytes.len()
+            })
+            .map(|i| bytes[i])
+            .expect("a record")
+    }
+
+    #[test]
+    fn a_record_goes_compressed_only_when_that_makes_it_smaller() {
+        let answer = |messages| Answer {
+            own: "",
+            queue: "q",
+            lease_id: "l",
+            consumer_group: "g",
+            claims: vec![Claim {
+                partition_id: 1,
+                partition: "p",
+                start: 0,
+                end: 1,
+                delivery_attempt: 1,
+                messages,
+            }],
+        };
+        let tiny = answer(vec![message(0, 1, "1")]);
+        assert_eq!(last_codec(&encode(&tiny, true).unwrap()), CODEC_RAW);
+        let long: &'static str = Box::leak(format!("\"{}\"", "ab".repeat(3000)).into_boxed_str());
+        let repetitive = answer(vec![message(0, 1, long), message(1, 1, long)]);
+        let bytes = encode(&repetitive, true).unwrap();
+        assert_eq!(last_codec(&bytes), CODEC_ZSTD);
+        let (_, _, _, _, got) = decode(&bytes);
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[1].5, long);
+        assert_eq!(last_codec(&encode(&repetitive, false).unwrap()), CODEC_RAW);
     }
 
     #[test]
