@@ -167,6 +167,12 @@ impl ClaimGroup {
         }
     }
 
+    /// Releases `leases` (claimed through this group, or ahead of a pop) by id, retrying while
+    /// PostgreSQL is unreachable, for two minutes at most; whether they were released.
+    pub(crate) async fn release(&self, leases: &[Uuid]) -> bool {
+        release_retrying(&self.pool, leases, self.answer_within).await
+    }
+
     /// Watches `lease` while a pop's own statements claim under it (`armed`: the pop holds
     /// leases, i.e. it does not commit at delivery); see [`LostClaim`].
     pub(crate) fn guard(&self, lease: Uuid, armed: bool) -> LostClaim<'_> {
@@ -305,26 +311,31 @@ async fn run_group(
     }
 }
 
-/// Releases `leases`, claimed by a statement whose answer never came, retrying (each attempt
-/// bounded by `answer_within`) while PostgreSQL is unreachable; two minutes at most, after which
-/// they run out at their expiry.
+/// Releases `leases`, claimed by a statement whose answer never came, in the background (see
+/// [`release_retrying`]).
 async fn release_unanswered(pool: PgPool, leases: Vec<Uuid>, answer_within: Duration) {
+    if !release_retrying(&pool, &leases, answer_within).await {
+        tracing::warn!(
+            leases = leases.len(),
+            "leases of an unanswered claim not released; they run out at their expiry"
+        );
+    }
+}
+
+/// Releases `leases` by id, retrying (each attempt bounded by `answer_within`) while
+/// PostgreSQL is unreachable, for two minutes at most; whether they were released. A lease
+/// left behind would hold its partition for the queue's whole lease time (300 s by default).
+async fn release_retrying(pool: &PgPool, leases: &[Uuid], answer_within: Duration) -> bool {
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     while std::time::Instant::now() < deadline {
-        let release = sqlx::query(RELEASE_SQL).bind(&leases).execute(&pool);
+        let release = sqlx::query(RELEASE_SQL).bind(leases).execute(pool);
         if let Ok(Ok(done)) = tokio::time::timeout(answer_within, release).await {
-            tracing::info!(
-                released = done.rows_affected(),
-                "leases of an unanswered claim released"
-            );
-            return;
+            tracing::debug!(released = done.rows_affected(), "leases released by id");
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    tracing::warn!(
-        leases = leases.len(),
-        "leases of an unanswered claim not released; they run out at their expiry"
-    );
+    false
 }
 
 /// Runs [`GROUP_SQL`] for `jobs`: per claim, in order, its rows.
