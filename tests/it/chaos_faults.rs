@@ -280,6 +280,101 @@ async fn recovery(run: &Run, healed: Instant) -> Duration {
         .saturating_duration_since(healed)
 }
 
+/// The producers and the consumer of a fault run, started together.
+struct Workload {
+    run: Rc<Run>,
+    stop: Rc<Cell<bool>>,
+    started: Instant,
+    producers: Vec<actix_web::rt::task::JoinHandle<()>>,
+    consumer: actix_web::rt::task::JoinHandle<()>,
+    /// Per fault: how long after it healed the consumer got a new key again.
+    recoveries: Vec<(&'static str, Duration)>,
+}
+
+impl Workload {
+    /// One producer per partition (batches of 10) and one consumer.
+    fn start(run: &Rc<Run>, partitions: usize) -> Self {
+        let stop = Rc::new(Cell::new(false));
+        Workload {
+            run: run.clone(),
+            stop: stop.clone(),
+            started: Instant::now(),
+            producers: (0..partitions)
+                .map(|p| actix_web::rt::spawn(produce(run.clone(), p, 10)))
+                .collect(),
+            consumer: actix_web::rt::spawn(consume(run.clone(), stop)),
+            recoveries: Vec::new(),
+        }
+    }
+
+    /// After `fault` healed: waits (bounded) until the consumer gets a new key again.
+    async fn resumed_after(&mut self, fault: &'static str) {
+        let healed = Instant::now();
+        let at = self.run.delivered_count.get();
+        let deadline = healed + recovery_bound();
+        while self.run.delivered_count.get() == at
+            && self.run.delivered_count.get() < self.run.total()
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.recoveries.push((fault, healed.elapsed()));
+    }
+
+    /// After the last fault: lets the producers finish and every key be delivered (bounded),
+    /// checks the database, prints one line for `what`, and asserts 0 lost / twice / out of
+    /// order / undelivered and a resumption within the bound after every fault.
+    async fn finish(self, what: &str, db: &TestDb, app: &TestApp) {
+        let healed = Instant::now();
+        for p in self.producers {
+            p.await.unwrap();
+        }
+        let run = &self.run;
+        let drained_in = recovery(run, healed).await;
+        self.stop.set(true);
+        self.consumer.await.unwrap();
+        app.drained().await;
+        let verdict = check(db, run).await;
+        let worst = self
+            .recoveries
+            .iter()
+            .map(|(_, d)| *d)
+            .max()
+            .unwrap_or_default();
+        eprintln!(
+            "chaos {what}: {} accepted, {} items refused, {} pushes unanswered (retried), {} \
+             items answered duplicate on a retry, {} keys delivered, {} delivered again; \
+             {verdict:?}; deliveries resumed after each fault: {:?}; last delivery {:.2} s after \
+             the last fault; {:.1} s in all",
+            run.accepted_count.get(),
+            run.failed.get(),
+            run.unanswered.get(),
+            run.duplicates.get(),
+            run.delivered_count.get(),
+            run.redelivered.get(),
+            self.recoveries
+                .iter()
+                .map(|(f, d)| format!("{f} {:.2} s", d.as_secs_f64()))
+                .collect::<Vec<_>>(),
+            drained_in.as_secs_f64(),
+            self.started.elapsed().as_secs_f64()
+        );
+        assert_eq!(
+            verdict,
+            Verdict {
+                lost: 0,
+                twice: 0,
+                order: 0,
+                undelivered: 0
+            }
+        );
+        assert!(
+            worst < recovery_bound(),
+            "deliveries resumed after every fault"
+        );
+    }
+}
+
 /// A small tmpfs, unmounted on drop.
 struct SmallDisk(PathBuf);
 
@@ -462,13 +557,7 @@ async fn chaos_network_partition_delay_and_half_open_connections() {
     let rounds = if long() { 5 } else { 1 };
     let (partitions, per_partition) = (4, if long() { 20_000 } else { 1_500 });
     let run = Run::new(&app, partitions, per_partition, 20);
-    let stop = Rc::new(Cell::new(false));
-    let started = Instant::now();
-    let producers: Vec<_> = (0..partitions)
-        .map(|p| actix_web::rt::spawn(produce(run.clone(), p, 10)))
-        .collect();
-    let consumer = actix_web::rt::spawn(consume(run.clone(), stop.clone()));
-    let mut recoveries = Vec::new();
+    let mut load = Workload::start(&run, partitions);
     // The half-open fault still stalls deliveries in about 1 run of 4 (docs/reliability.md:
     // pool connections given back mid-statement on a dead link), so it runs on request only.
     let half_open = std::env::var("QUEEN_CHAOS_HALF_OPEN").is_ok_and(|v| v == "1");
@@ -497,57 +586,10 @@ async fn chaos_network_partition_delay_and_half_open_connections() {
                     proxy.heal();
                 }
             }
-            // Recovery of this fault: until the consumer gets a new key again.
-            let healed = Instant::now();
-            let at = run.delivered_count.get();
-            let deadline = healed + recovery_bound();
-            while run.delivered_count.get() == at
-                && run.delivered_count.get() < run.total()
-                && Instant::now() < deadline
-            {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            recoveries.push((fault, healed.elapsed()));
+            load.resumed_after(fault).await;
         }
     }
-    let healed = Instant::now();
-    for p in producers {
-        p.await.unwrap();
-    }
-    let drained_in = recovery(&run, healed).await;
-    stop.set(true);
-    consumer.await.unwrap();
-    app.drained().await;
-    let verdict = check(&db, &run).await;
-    let worst = recoveries.iter().map(|(_, d)| *d).max().unwrap_or_default();
-    eprintln!(
-        "chaos network: {} accepted, {} items refused, {} pushes unanswered (retried), {} keys \
-         delivered; {verdict:?}; deliveries resumed after each fault: {:?}; last delivery {:.2} s \
-         after the last fault; {:.1} s in all",
-        run.accepted_count.get(),
-        run.failed.get(),
-        run.unanswered.get(),
-        run.delivered_count.get(),
-        recoveries
-            .iter()
-            .map(|(f, d)| format!("{f} {:.2} s", d.as_secs_f64()))
-            .collect::<Vec<_>>(),
-        drained_in.as_secs_f64(),
-        started.elapsed().as_secs_f64()
-    );
-    assert_eq!(
-        verdict,
-        Verdict {
-            lost: 0,
-            twice: 0,
-            order: 0,
-            undelivered: 0
-        }
-    );
-    assert!(
-        worst < recovery_bound(),
-        "deliveries resumed after every fault"
-    );
+    load.finish("network", &db, &app).await;
     drop(proxy);
 }
 
@@ -584,13 +626,7 @@ async fn chaos_network_faults_between_clients_and_the_broker() {
         per_partition,
         20,
     );
-    let stop = Rc::new(Cell::new(false));
-    let started = Instant::now();
-    let producers: Vec<_> = (0..partitions)
-        .map(|p| actix_web::rt::spawn(produce(run.clone(), p, 10)))
-        .collect();
-    let consumer = actix_web::rt::spawn(consume(run.clone(), stop.clone()));
-    let mut recoveries = Vec::new();
+    let mut load = Workload::start(&run, partitions);
     for _ in 0..rounds {
         for fault in ["cuts", "partition", "delay", "half-open"] {
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -620,60 +656,13 @@ async fn chaos_network_faults_between_clients_and_the_broker() {
                     proxy.heal();
                 }
             }
-            let healed = Instant::now();
-            let at = run.delivered_count.get();
-            let deadline = healed + recovery_bound();
-            while run.delivered_count.get() == at
-                && run.delivered_count.get() < run.total()
-                && Instant::now() < deadline
-            {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            recoveries.push((fault, healed.elapsed()));
+            load.resumed_after(fault).await;
         }
     }
-    let healed = Instant::now();
-    for p in producers {
-        p.await.unwrap();
-    }
-    let drained_in = recovery(&run, healed).await;
-    stop.set(true);
-    consumer.await.unwrap();
-    app.drained().await;
-    let verdict = check(&db, &run).await;
-    let worst = recoveries.iter().map(|(_, d)| *d).max().unwrap_or_default();
-    eprintln!(
-        "chaos client network: {} accepted, {} pushes unanswered (retried), {} items answered \
-         duplicate on a retry, {} keys delivered, {} delivered again; {verdict:?}; deliveries \
-         resumed after each fault: {:?}; last delivery {:.2} s after the last fault; {:.1} s in all",
-        run.accepted_count.get(),
-        run.unanswered.get(),
-        run.duplicates.get(),
-        run.delivered_count.get(),
-        run.redelivered.get(),
-        recoveries
-            .iter()
-            .map(|(f, d)| format!("{f} {:.2} s", d.as_secs_f64()))
-            .collect::<Vec<_>>(),
-        drained_in.as_secs_f64(),
-        started.elapsed().as_secs_f64()
-    );
+    load.finish("client network", &db, &app).await;
     assert!(
         run.unanswered.get() > 0,
         "the faults cut requests in flight (else this run tested nothing)"
-    );
-    assert_eq!(
-        verdict,
-        Verdict {
-            lost: 0,
-            twice: 0,
-            order: 0,
-            undelivered: 0
-        }
-    );
-    assert!(
-        worst < recovery_bound(),
-        "deliveries resumed after every fault"
     );
     drop(proxy);
 }
@@ -795,13 +784,7 @@ async fn chaos_netns_partitions_by_nftables() {
         per_partition,
         20,
     );
-    let stop = Rc::new(Cell::new(false));
-    let started = Instant::now();
-    let producers: Vec<_> = (0..partitions)
-        .map(|p| actix_web::rt::spawn(produce(run.clone(), p, 10)))
-        .collect();
-    let consumer = actix_web::rt::spawn(consume(run.clone(), stop.clone()));
-    let mut recoveries = Vec::new();
+    let mut load = Workload::start(&run, partitions);
     for _ in 0..rounds {
         for fault in ["broker-postgresql", "clients-broker", "both"] {
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -815,61 +798,12 @@ async fn chaos_netns_partitions_by_nftables() {
             }
             tokio::time::sleep(Duration::from_secs(3)).await;
             firewall.heal();
-            let healed = Instant::now();
-            let at = run.delivered_count.get();
-            let deadline = healed + recovery_bound();
-            while run.delivered_count.get() == at
-                && run.delivered_count.get() < run.total()
-                && Instant::now() < deadline
-            {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            recoveries.push((fault, healed.elapsed()));
+            load.resumed_after(fault).await;
         }
     }
-    let healed = Instant::now();
-    for p in producers {
-        p.await.unwrap();
-    }
-    let drained_in = recovery(&run, healed).await;
-    stop.set(true);
-    consumer.await.unwrap();
-    app.drained().await;
-    let verdict = check(&db, &run).await;
-    let worst = recoveries.iter().map(|(_, d)| *d).max().unwrap_or_default();
-    eprintln!(
-        "chaos netns: {} accepted, {} items refused, {} pushes unanswered (retried), {} items \
-         answered duplicate on a retry, {} keys delivered, {} delivered again; {verdict:?}; \
-         deliveries resumed after each fault: {:?}; last delivery {:.2} s after the last fault; \
-         {:.1} s in all",
-        run.accepted_count.get(),
-        run.failed.get(),
-        run.unanswered.get(),
-        run.duplicates.get(),
-        run.delivered_count.get(),
-        run.redelivered.get(),
-        recoveries
-            .iter()
-            .map(|(f, d)| format!("{f} {:.2} s", d.as_secs_f64()))
-            .collect::<Vec<_>>(),
-        drained_in.as_secs_f64(),
-        started.elapsed().as_secs_f64()
-    );
+    load.finish("netns", &db, &app).await;
     assert!(
         run.unanswered.get() > 0,
         "the partitions stopped requests in flight (else this run tested nothing)"
-    );
-    assert_eq!(
-        verdict,
-        Verdict {
-            lost: 0,
-            twice: 0,
-            order: 0,
-            undelivered: 0
-        }
-    );
-    assert!(
-        worst < recovery_bound(),
-        "deliveries resumed after every fault"
     );
 }
