@@ -19,10 +19,14 @@ async fn registered(app: &TestApp, key: &WakeKey) {
     }
 }
 
+/// The push wakes the waiting pop: with the pop's own re-read 5 s apart, an answer within 1 s
+/// can only come from the push's wake-up. (How fast the wake-up is, is measured by the bench:
+/// docs/benchmarks.md, "long-poll wake-up after a push"; a 50 ms bound here failed once on a
+/// loaded 2-core machine at 62 ms.)
 #[actix_web::test]
-async fn a_waiting_pop_returns_within_50_ms_of_a_push() {
+async fn a_waiting_pop_is_answered_by_the_push_not_its_own_re_read() {
     let db = fresh_db().await;
-    let app = spawn_app(&db).await;
+    let app = spawn_app_with(test_settings(&db, &[("QUEEN_POP_RECHECK_MS", "5000")])).await;
     push_n(&app, "q", "other", 0, 1).await; // the queue exists; the waiter watches all of it
     let first = pop(&app, "q", "").await;
     ack_all(&app, &first, "completed", None).await;
@@ -40,7 +44,7 @@ async fn a_waiting_pop_returns_within_50_ms_of_a_push() {
     assert_eq!(ns(&reply), vec![7]);
     let late = popped_at.saturating_duration_since(pushed_at);
     assert!(
-        late < Duration::from_millis(50),
+        late < Duration::from_secs(1),
         "pop answered {late:?} after the push"
     );
 }
@@ -91,7 +95,8 @@ async fn nothing_until_the_timeout_is_a_204_at_the_timeout() {
 #[actix_web::test]
 async fn a_push_through_another_broker_wakes_the_waiting_pop() {
     let db = fresh_db().await;
-    let waiter_side = spawn_app(&db).await;
+    // The waiter re-reads PostgreSQL only every 5 s: an answer within 1 s is the NOTIFY's.
+    let waiter_side = spawn_app_with(test_settings(&db, &[("QUEEN_POP_RECHECK_MS", "5000")])).await;
     let pusher_side = spawn_app(&db).await;
     let waiting = async {
         let reply = pop(&waiter_side, "q", "wait=true&timeout=10000").await;
@@ -109,10 +114,10 @@ async fn a_push_through_another_broker_wakes_the_waiting_pop() {
     };
     let ((reply, popped_at), pushed_at) = futures_util::join!(waiting, pushing);
     assert_eq!(ns(&reply), vec![3]);
-    // Well under the 1 s periodic re-check: the NOTIFY woke it.
+    // Well under the 5 s periodic re-check: the NOTIFY woke it.
     let late = popped_at.saturating_duration_since(pushed_at);
     assert!(
-        late < Duration::from_millis(300),
+        late < Duration::from_secs(1),
         "pop answered {late:?} after the push"
     );
 }
