@@ -375,6 +375,29 @@ impl Workload {
     }
 }
 
+/// One of the proxy's faults, then healed: `partition` (every connection cut, new ones
+/// refused) for 2 s, `delay` (150 ms on every chunk) for 2 s, else a half-open black hole for
+/// `black_hole_for`.
+async fn proxy_fault(proxy: &Proxy, fault: &str, black_hole_for: Duration) {
+    match fault {
+        "partition" => {
+            proxy.cut();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            proxy.restore();
+        }
+        "delay" => {
+            proxy.set_delay(Duration::from_millis(150));
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            proxy.set_delay(Duration::ZERO);
+        }
+        _ => {
+            proxy.black_hole();
+            tokio::time::sleep(black_hole_for).await;
+            proxy.heal();
+        }
+    }
+}
+
 /// A small tmpfs, unmounted on drop.
 struct SmallDisk(PathBuf);
 
@@ -569,23 +592,7 @@ async fn chaos_network_partition_delay_and_half_open_connections() {
     for _ in 0..rounds {
         for &fault in faults {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            match fault {
-                "partition" => {
-                    proxy.cut();
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    proxy.restore();
-                }
-                "delay" => {
-                    proxy.set_delay(Duration::from_millis(150));
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    proxy.set_delay(Duration::ZERO);
-                }
-                _ => {
-                    proxy.black_hole();
-                    tokio::time::sleep(Duration::from_secs(4)).await;
-                    proxy.heal();
-                }
-            }
+            proxy_fault(&proxy, fault, Duration::from_secs(4)).await;
             load.resumed_after(fault).await;
         }
     }
@@ -640,21 +647,7 @@ async fn chaos_network_faults_between_clients_and_the_broker() {
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
                 }
-                "partition" => {
-                    proxy.cut();
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    proxy.restore();
-                }
-                "delay" => {
-                    proxy.set_delay(Duration::from_millis(150));
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    proxy.set_delay(Duration::ZERO);
-                }
-                _ => {
-                    proxy.black_hole();
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    proxy.heal();
-                }
+                _ => proxy_fault(&proxy, fault, Duration::from_secs(2)).await,
             }
             load.resumed_after(fault).await;
         }
