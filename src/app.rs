@@ -418,6 +418,12 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         metrics.clone(),
         spool_state.clone(),
         admin_pool.clone(),
+        settings.lag_live_pairs,
+    ));
+    actix_web::rt::spawn(crate::lag::pass_loop(
+        admin_pool.clone(),
+        settings.lag_live_pairs,
+        settings.lag_pass_interval,
     ));
     let state = web::Data::new(AppState {
         registry,

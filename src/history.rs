@@ -29,6 +29,7 @@ use sqlx::PgPool;
 use crate::metrics::{Metrics, Totals};
 use crate::storage::observe::features::{self, Namespace, QueueTimers, StreamQuery};
 use crate::storage::queues::groups::{self, PairBacklog};
+use crate::storage::queues::lag;
 
 /// Samples kept: an hour at the default 10 s interval.
 pub const CAPACITY: usize = 360;
@@ -325,17 +326,22 @@ impl History {
     }
 }
 
-/// Reads the largest backlogs on `pool` within [`QUERY_TIMEOUT`] (and the interval).
+/// Reads the largest backlogs on `pool` within [`QUERY_TIMEOUT`] (and the interval): measured,
+/// or from the last lag pass when the subscribed pairs are past `live_pairs` (src/lag.rs).
 async fn read_pairs(
     pool: &PgPool,
     limit: usize,
     within: Duration,
+    live_pairs: i64,
 ) -> Result<Vec<PairBacklog>, String> {
     let read = async {
         let mut conn = pool.acquire().await.map_err(|e| e.to_string())?;
-        groups::largest_backlogs(&mut conn, limit as i64)
-            .await
-            .map_err(|e| e.to_string())
+        let measured = match lag::source(&mut conn, live_pairs).await {
+            Ok(lag::Source::Live) => groups::largest_backlogs(&mut conn, limit as i64).await,
+            Ok(lag::Source::Pass(_)) => lag::largest_backlogs(&mut conn, limit as i64).await,
+            Err(e) => Err(e),
+        };
+        measured.map_err(|e| e.to_string())
     };
     match tokio::time::timeout(within.min(QUERY_TIMEOUT), read).await {
         Ok(result) => result,
@@ -374,6 +380,7 @@ pub async fn sample_loop(
     metrics: Arc<Metrics>,
     spool: Arc<SpoolState>,
     pool: PgPool,
+    live_pairs: i64,
 ) {
     if !history.enabled() {
         return;
@@ -387,7 +394,7 @@ pub async fn sample_loop(
         let at_ms = chrono::Utc::now().timestamp_millis();
         let now = Instant::now();
         let totals = metrics.totals();
-        let pairs = read_pairs(&pool, history.queues, history.interval).await;
+        let pairs = read_pairs(&pool, history.queues, history.interval, live_pairs).await;
         if let Err(why) = &pairs {
             tracing::debug!(error = %why, "history sample without backlogs");
         }

@@ -32,6 +32,7 @@ pub mod ephemeral;
 pub mod history;
 pub mod http;
 pub mod kafka;
+pub mod lag;
 pub mod logging;
 pub mod metrics;
 pub mod pg;

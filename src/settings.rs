@@ -188,6 +188,8 @@ variables! {
     QUEEN_METRICS, "queen_metrics", Value("true"), Bool, "count requests, messages and commits for `/metrics` (`false` leaves the counters and histograms at zero; gauges are still read)";
     QUEEN_HISTORY_INTERVAL_MS, "queen_history_interval_ms", Value("10000"), MillisOrZero, "the broker samples its rates, backlog per queue and group, spool bytes and commit latency this often and keeps the last 360 samples (an hour at the default) for the dashboard's charts and `GET /api/v1/system/history` (0 turns the sampler off; docs/operations.md, \"History\")";
     QUEEN_HISTORY_QUEUES, "queen_history_queues", Value("10"), Count, "(queue, consumer group) pairs with the largest backlog kept in each history sample (at most 100); reading them is one statement over the consumer rows per sample";
+    QUEEN_LAG_LIVE_PAIRS, "queen_lag_live_pairs", Value("10000"), Count, "lag views (consumer groups, `/lagging`, the overview's lag, the history's backlogs) measure on request while the subscribed (group, partition) pairs are at most this many; past it they read the last background pass, which one broker at a time takes every `QUEEN_LAG_PASS_MS` (docs/operations.md, \"Lag at scale\")";
+    QUEEN_LAG_PASS_MS, "queen_lag_pass_ms", Value("10000"), Millis, "least time between two background lag passes (taken only while the subscribed pairs exceed `QUEEN_LAG_LIVE_PAIRS`; a pass walks every partition in chunks of 20 000)";
     QUEEN_CONFIG, -, Absent("`config/queen.toml` when present"), Path, "the TOML file read under the environment";
     DATABASE_URL, "database_url", Absent(""), Url(&["postgres://", "postgresql://"]), "PostgreSQL URL; wins over the `PG_*` variables; may list several hosts, libpq's way (`postgres://u:p@h1:5432,h2:5432/db?target_session_attrs=read-write`): the broker writes to whichever accepts writes; TLS to PostgreSQL with libpq's `sslmode` and `sslrootcert` parameters (`?sslmode=verify-full&sslrootcert=/etc/queen/pg-ca.pem`; docs/operations.md, \"TLS\")";
     PG_HOST, "pg_host", Value("localhost"), Text, "PostgreSQL host; `h1,h2` lists several (the broker writes to the primary)";
@@ -701,6 +703,11 @@ pub struct Settings {
     pub history_interval: Duration,
     /// (queue, group) pairs per history sample (`QUEEN_HISTORY_QUEUES`, at most 100).
     pub history_queues: usize,
+    /// Subscribed (group, partition) pairs up to which lag is measured on request
+    /// (`QUEEN_LAG_LIVE_PAIRS`).
+    pub lag_live_pairs: i64,
+    /// Least time between two background lag passes (`QUEEN_LAG_PASS_MS`).
+    pub lag_pass_interval: Duration,
     /// `QUEEN_CORS_ORIGINS`: origins allowed to call from a browser (`*`: any).
     pub cors_origins: Vec<String>,
     /// `QUEEN_TLS_CERT_FILE` and `QUEEN_TLS_KEY_FILE`: the listener serves HTTPS with them
@@ -1143,6 +1150,8 @@ impl Settings {
             metrics: src.flag(&QUEEN_METRICS)?,
             history_interval: src.duration(&QUEEN_HISTORY_INTERVAL_MS)?,
             history_queues: (src.count(&QUEEN_HISTORY_QUEUES)? as usize).min(100),
+            lag_live_pairs: src.count(&QUEEN_LAG_LIVE_PAIRS)?.min(i64::MAX as u64) as i64,
+            lag_pass_interval: src.duration(&QUEEN_LAG_PASS_MS)?,
             cors_origins: src.list(&QUEEN_CORS_ORIGINS),
             tls: tls_files(src)?,
             jwt: jwt_settings(src)?,

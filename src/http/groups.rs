@@ -10,9 +10,10 @@ use crate::http::body::read_body;
 use crate::http::error::{with_db, ApiError};
 use crate::protocol::ack::{json_body, opt_str};
 use crate::protocol::params::{page_params, seconds_param};
-use crate::protocol::time::iso_millis;
+use crate::protocol::time::{iso_millis, lag_measured_at, LAG_MEASURED_AT};
 use crate::state::AppState;
 use crate::storage::queues::groups::{self, PartitionLag, SeekTarget};
+use crate::storage::queues::lag::{self, Source};
 
 /// A group whose oldest unconsumed message is older than this is `Lagging`.
 const LAGGING_AFTER_SECS: i64 = 300;
@@ -46,9 +47,15 @@ pub async fn list(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let page = page_params(&query, GROUPS_PER_PAGE, MAX_PER_PAGE)?;
-    let (rows, total) = with_db(&state, async {
+    let (source, (rows, total)) = with_db(&state, async {
         let mut conn = state.admin_pool.acquire().await?;
-        groups::list_page(&mut conn, page.search.as_deref(), page.limit, page.offset).await
+        let source = lag::source(&mut conn, state.settings.lag_live_pairs).await?;
+        let (search, limit, offset) = (page.search.as_deref(), page.limit, page.offset);
+        let rows = match source {
+            Source::Live => groups::list_page(&mut conn, search, limit, offset).await?,
+            Source::Pass(_) => lag::list_page(&mut conn, search, limit, offset).await?,
+        };
+        Ok((source, rows))
     })
     .await?;
     let body: Vec<Value> = rows
@@ -72,6 +79,7 @@ pub async fn list(
         .collect();
     Ok(HttpResponse::Ok()
         .insert_header(("X-Total-Count", total.to_string()))
+        .insert_header((LAG_MEASURED_AT, lag_measured_at(source.measured_at())))
         .json(body))
 }
 
@@ -86,9 +94,14 @@ pub async fn lagging(
         3600,
     )?;
     let limit = page_params(&query, LAGGING_PER_PAGE, MAX_PER_PAGE)?.limit;
-    let rows = with_db(&state, async {
+    let (source, rows) = with_db(&state, async {
         let mut conn = state.admin_pool.acquire().await?;
-        groups::lagging(&mut conn, min, limit).await
+        let source = lag::source(&mut conn, state.settings.lag_live_pairs).await?;
+        let rows = match source {
+            Source::Live => groups::lagging(&mut conn, min, limit).await?,
+            Source::Pass(_) => lag::lagging(&mut conn, min, limit).await?,
+        };
+        Ok((source, rows))
     })
     .await?;
     let body: Vec<Value> = rows
@@ -108,7 +121,9 @@ pub async fn lagging(
             })
         })
         .collect();
-    Ok(HttpResponse::Ok().json(body))
+    Ok(HttpResponse::Ok()
+        .insert_header((LAG_MEASURED_AT, lag_measured_at(source.measured_at())))
+        .json(body))
 }
 
 fn partition_json(r: &PartitionLag) -> Value {
@@ -123,8 +138,13 @@ fn partition_json(r: &PartitionLag) -> Value {
     })
 }
 
-/// `GET /api/v1/consumer-groups/{group}[?queue=name]`: `{queue: {partitions: [...]}}`, `{}` if
-/// unknown; with `queue`, that queue's partitions only (what a queue's page reads).
+/// Partitions per answer of `GET /api/v1/consumer-groups/{group}` when `limit` is not given.
+pub const GROUP_PARTITIONS_PER_PAGE: i64 = 1000;
+
+/// `GET /api/v1/consumer-groups/{group}[?queue=name][&limit=1000&offset=0]`: `{queue:
+/// {partitions: [...]}}`, `{}` if unknown; with `queue`, that queue's partitions only (what a
+/// queue's page reads). One page of partitions by queue then partition name; the header
+/// `X-Next-Offset` gives the next page's `offset` when the page was full.
 pub async fn get(
     path: web::Path<String>,
     query: web::Query<HashMap<String, String>>,
@@ -132,11 +152,13 @@ pub async fn get(
 ) -> Result<HttpResponse, ApiError> {
     let group = path.into_inner();
     let queue = query.get("queue").filter(|q| !q.is_empty()).cloned();
+    let page = page_params(&query, GROUP_PARTITIONS_PER_PAGE, MAX_PER_PAGE)?;
     let rows = with_db(&state, async {
         let mut conn = state.admin_pool.acquire().await?;
-        groups::partitions(&mut conn, &group, queue.as_deref()).await
+        groups::partitions(&mut conn, &group, queue.as_deref(), page.limit, page.offset).await
     })
     .await?;
+    let full = rows.len() as i64 == page.limit;
     let mut body = Map::new();
     for r in &rows {
         let entry = body
@@ -147,7 +169,11 @@ pub async fn get(
             .expect("built as an array")
             .push(partition_json(r));
     }
-    Ok(HttpResponse::Ok().json(Value::Object(body)))
+    let mut answer = HttpResponse::Ok();
+    if full {
+        answer.insert_header(("X-Next-Offset", (page.offset + page.limit).to_string()));
+    }
+    Ok(answer.json(Value::Object(body)))
 }
 
 /// `DELETE /api/v1/consumer-groups/{group}?deleteMetadata=true`.

@@ -621,6 +621,62 @@ fn capability_name(c: Capability) -> &'static str {
     }
 }
 
+/// The query parameters of the views that answer a page at a time (docs/operations.md, "Views
+/// at scale"): `limit` (default, largest), `offset`, and `search` where names are searched.
+fn page_query(method: &Method, path: &str) -> Vec<Value> {
+    if method != Method::GET {
+        return Vec::new();
+    }
+    // (default limit, largest limit, searched, extra parameters)
+    let (default, max, searched, extra): (i64, i64, bool, Vec<Value>) = match path {
+        "/api/v1/resources/queues" => (100, 1000, true, vec![]),
+        "/api/v1/resources/queues/{queue}" => (1000, 10_000, false, vec![]),
+        "/api/v1/consumer-groups" => (1000, 10_000, true, vec![]),
+        "/api/v1/consumer-groups/lagging" => (
+            1000,
+            10_000,
+            false,
+            vec![json!({
+                "name": "minLagSeconds", "in": "query",
+                "schema": { "type": "integer", "minimum": 0, "default": 3600 },
+                "description": "only partitions whose oldest unconsumed message is at least this old",
+            })],
+        ),
+        "/api/v1/consumer-groups/{group}" => (
+            1000,
+            10_000,
+            false,
+            vec![json!({
+                "name": "queue", "in": "query", "schema": name(),
+                "description": "only this queue's partitions",
+            })],
+        ),
+        "/api/v1/kafka/topics" | "/api/v1/kafka/groups" => (50, 500, true, vec![]),
+        _ => return Vec::new(),
+    };
+    let mut out = vec![json!({
+        "name": "limit", "in": "query",
+        "schema": { "type": "integer", "minimum": 1, "default": default },
+        "description": format!("entries per page (larger values are cut to {max})"),
+    })];
+    if path != "/api/v1/consumer-groups/lagging" {
+        out.push(json!({
+            "name": "offset", "in": "query",
+            "schema": { "type": "integer", "minimum": 0, "default": 0 },
+            "description": "entries skipped before the page",
+        }));
+    }
+    if searched {
+        out.push(json!({
+            "name": "search", "in": "query",
+            "schema": { "type": "string", "maxLength": 255 },
+            "description": "only names containing this text (any case; `%` and `_` are literal)",
+        }));
+    }
+    out.extend(extra);
+    out
+}
+
 /// One operation of the document.
 fn operation(route: &Route) -> (String, String, Value) {
     let (path, names) = openapi_path(route.path);
@@ -636,6 +692,7 @@ fn operation(route: &Route) -> (String, String, Value) {
             json!({ "name": n, "in": "path", "required": true, "schema": schema })
         })
         .collect();
+    parameters.extend(page_query(&route.method, route.path));
     let shape = shape(&route.method, route.path);
     let mut op = Map::new();
     op.insert("operationId".into(), format!("{method} {path}").into());
@@ -885,6 +942,46 @@ fn streams_shape(method: &Method, path: &str) -> Option<Shape> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_paged_views_describe_their_query_parameters() {
+        let routes: Vec<Route> = [
+            "/api/v1/consumer-groups",
+            "/api/v1/consumer-groups/{group}",
+            "/api/v1/consumer-groups/lagging",
+            "/api/v1/resources/queues/{queue}",
+            "/api/v1/kafka/groups",
+        ]
+        .into_iter()
+        .map(|path| Route::new(Method::GET, path, Capability::Read, |r| r))
+        .collect();
+        let doc = document(&routes);
+        let names = |path: &str| -> Vec<String> {
+            doc["paths"][path]["get"]["parameters"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{path} has parameters"))
+                .iter()
+                .map(|p| p["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(
+            names("/api/v1/consumer-groups"),
+            ["limit", "offset", "search"]
+        );
+        assert_eq!(
+            names("/api/v1/consumer-groups/{group}"),
+            ["group", "limit", "offset", "queue"]
+        );
+        assert_eq!(
+            names("/api/v1/consumer-groups/lagging"),
+            ["limit", "minLagSeconds"]
+        );
+        assert_eq!(
+            names("/api/v1/resources/queues/{queue}"),
+            ["queue", "limit", "offset"]
+        );
+        assert_eq!(names("/api/v1/kafka/groups"), ["limit", "offset", "search"]);
+    }
 
     #[test]
     fn each_route_given_is_one_operation() {

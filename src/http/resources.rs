@@ -17,10 +17,11 @@ use serde_json::{json, Value};
 
 use crate::http::error::ApiError;
 use crate::protocol::params::page_params;
-use crate::protocol::time::iso_millis;
+use crate::protocol::time::{iso_millis, lag_measured_at, LAG_MEASURED_AT};
 use crate::state::AppState;
 use crate::storage::queues::catalog::{self, Queue};
 use crate::storage::queues::groups;
+use crate::storage::queues::lag::{self, Source};
 use crate::storage::queues::resources::{self, message_counts, MessageCounts, PartitionRow, Scope};
 
 /// Queues per page of `GET /api/v1/resources/queues` when `limit` is not given.
@@ -233,8 +234,9 @@ pub async fn tasks(state: web::Data<AppState>) -> Result<HttpResponse, ApiError>
 }
 
 /// `GET /api/v1/resources/overview`. Lag is over every (subscribed group, partition) pair
-/// with something unconsumed (`storage::queues::groups::lag_summary`), computed on request like the
-/// counts. `processedPerSecond` is always 0: consumer state keeps cursors and totals, not a
+/// with something unconsumed (`storage::queues::groups::lag_summary`), computed on request
+/// while the pairs are at most `QUEEN_LAG_LIVE_PAIRS`, else the last background lag pass's
+/// (`lag.measuredAt` says which). `processedPerSecond` is always 0: consumer state keeps cursors and totals, not a
 /// history of when messages were consumed, so there is no rate to read.
 ///
 /// Bounded: `partitions` is exact up to [`EXACT_PARTITIONS`] (`partitionsExact`), else
@@ -254,21 +256,28 @@ pub async fn overview(state: web::Data<AppState>) -> Result<HttpResponse, ApiErr
         messages += message_counts(&p);
     }
     let ingested = resources::ingested_per_second(&mut conn).await?;
-    let (time_lag, offset_lag) = groups::lag_summary(&mut conn).await?;
-    Ok(HttpResponse::Ok().json(json!({
-        "queues": queues,
-        "partitions": partitions,
-        "partitionsExact": partitions_exact,
-        "namespaces": namespaces,
-        "tasks": tasks,
-        "messages": messages,
-        "messagesExact": messages_exact,
-        "messagesPartitions": held.len(),
-        "lag": { "time": time_lag, "offset": offset_lag },
-        "throughput": { "ingestedPerSecond": ingested, "processedPerSecond": 0 },
-        "timestamp": iso_millis(Utc::now()),
-        "statsAge": 0,
-    })))
+    let source = lag::source(&mut conn, state.settings.lag_live_pairs).await?;
+    let (time_lag, offset_lag) = match source {
+        Source::Live => groups::lag_summary(&mut conn).await?,
+        Source::Pass(_) => lag::lag_summary(&mut conn).await?,
+    };
+    let measured = lag_measured_at(source.measured_at());
+    Ok(HttpResponse::Ok()
+        .insert_header((LAG_MEASURED_AT, measured.clone()))
+        .json(json!({
+            "queues": queues,
+            "partitions": partitions,
+            "partitionsExact": partitions_exact,
+            "namespaces": namespaces,
+            "tasks": tasks,
+            "messages": messages,
+            "messagesExact": messages_exact,
+            "messagesPartitions": held.len(),
+            "lag": { "time": time_lag, "offset": offset_lag, "measuredAt": measured },
+            "throughput": { "ingestedPerSecond": ingested, "processedPerSecond": 0 },
+            "timestamp": iso_millis(Utc::now()),
+            "statsAge": 0,
+        })))
 }
 
 #[cfg(test)]

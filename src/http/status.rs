@@ -20,9 +20,10 @@ use chrono::{DateTime, Duration, Utc};
 use serde_json::{json, Value};
 
 use crate::http::error::ApiError;
-use crate::protocol::time::iso_millis;
+use crate::protocol::time::{iso_millis, lag_measured_at};
 use crate::state::AppState;
 use crate::storage::observe::status::{self, Interval, Scope};
+use crate::storage::queues::lag::{self, Source};
 use crate::storage::queues::messages::{self, Filter};
 use crate::storage::{queues::catalog, queues::groups};
 
@@ -317,8 +318,12 @@ pub async fn named(
         }
         "queue-lag" => {
             let mut conn = state.admin_pool.acquire().await?;
-            let lag: Vec<Value> = groups::list(&mut conn)
-                .await?
+            let source = lag::source(&mut conn, state.settings.lag_live_pairs).await?;
+            let rows = match source {
+                Source::Live => groups::list(&mut conn).await?,
+                Source::Pass(_) => lag::list(&mut conn).await?,
+            };
+            let lag: Vec<Value> = rows
                 .into_iter()
                 .map(|g| {
                     json!({
@@ -330,7 +335,11 @@ pub async fn named(
                     })
                 })
                 .collect();
-            json!({"timestamp": now, "queues": lag})
+            json!({
+                "timestamp": now,
+                "queues": lag,
+                "lagMeasuredAt": lag_measured_at(source.measured_at()),
+            })
         }
         "queue-ops" => {
             let (from, to, interval) = window(&query, 1, Interval::Minute)?;

@@ -63,6 +63,20 @@ pub fn now_micros() -> i64 {
     Utc::now().timestamp_micros()
 }
 
+/// The header saying when the lag figures of an answer were measured (docs/operations.md, "Lag
+/// at scale").
+pub const LAG_MEASURED_AT: &str = "X-Lag-Measured-At";
+
+/// [`LAG_MEASURED_AT`]'s value: `request` when measured for this answer (`None`), else the end
+/// of the background lag pass the figures come from, or `pending` while none has finished.
+pub fn lag_measured_at(measured: Option<Option<DateTime<Utc>>>) -> String {
+    match measured {
+        None => "request".to_string(),
+        Some(None) => "pending".to_string(),
+        Some(Some(at)) => iso_millis(at),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -39,6 +39,7 @@ mod history;
 mod hostile_input;
 mod kafka;
 mod kv;
+mod lag_passes;
 mod lease_basic;
 mod locks;
 mod longpoll_basic;

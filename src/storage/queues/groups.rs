@@ -15,13 +15,13 @@ use crate::storage::queues::catalog::contains_pattern;
 /// Where each subscribed group stands on each partition of its queues; `$1` filters by group
 /// (NULL = all). A partition the group never touched starts where its subscription says.
 fn positions() -> String {
-    scoped_positions("", "TRUE")
+    scoped_positions("", "TRUE", "TRUE")
 }
 
 /// [`positions`] with CTEs of the caller's before `pos` (`before`: empty, or CTEs each
-/// followed by a comma) and a condition on the subscription `s` and queue `q`, so the work is
-/// that of the pairs in scope.
-fn scoped_positions(before: &str, scope: &str) -> String {
+/// followed by a comma), a condition on the subscription `s` and queue `q`, and one on the
+/// partition `p` (`p.id`), so the work is that of the pairs in scope.
+fn scoped_positions(before: &str, scope: &str, partition_scope: &str) -> String {
     format!(
         "
 WITH {before} pos AS (
@@ -39,7 +39,7 @@ WITH {before} pos AS (
       CROSS JOIN LATERAL (
            SELECT p.id, p.uuid, p.name, p.next_offset
              FROM queen.partitions p
-            WHERE p.queue_id = s.queue_id
+            WHERE p.queue_id = s.queue_id AND ({partition_scope})
            OFFSET 0
       ) p
       LEFT JOIN queen.partition_consumers c
@@ -149,6 +149,7 @@ pub async fn list_page(
             matching("$2")
         ),
         "(s.consumer_group, s.queue_id) IN (SELECT consumer_group, queue_id FROM page)",
+        "TRUE",
     );
     let rows = sqlx::query_as(&format!(
         "{positions}
@@ -241,7 +242,8 @@ pub async fn lagging(
     .map_err(StorageError::from)
 }
 
-/// Every partition of every queue the group subscribed to (of `queue` only, when given).
+/// One page of the partitions of every queue the group subscribed to (of `queue` only, when
+/// given), by queue then partition name: the lag is measured for the page's partitions only.
 ///
 /// # Errors
 ///
@@ -250,8 +252,21 @@ pub async fn partitions(
     conn: &mut PgConnection,
     group: &str,
     queue: Option<&str>,
+    limit: i64,
+    offset: i64,
 ) -> Result<Vec<PartitionLag>, StorageError> {
-    let positions = scoped_positions("", "$2::text IS NULL OR q.name = $2");
+    let positions = scoped_positions(
+        "page AS (
+             SELECT p.id
+               FROM queen.consumer_subscriptions s
+               JOIN queen.queues q ON q.id = s.queue_id
+               JOIN queen.partitions p ON p.queue_id = s.queue_id
+              WHERE s.consumer_group = $1 AND ($2::text IS NULL OR q.name = $2)
+              ORDER BY q.name, p.name
+              LIMIT $3 OFFSET $4),",
+        "$2::text IS NULL OR q.name = $2",
+        "p.id IN (SELECT id FROM page)",
+    );
     sqlx::query_as(&format!(
         "{positions}
          SELECT {PARTITION_COLUMNS}
@@ -260,6 +275,8 @@ pub async fn partitions(
     ))
     .bind(group)
     .bind(queue)
+    .bind(limit)
+    .bind(offset)
     .fetch_all(conn)
     .await
     .map_err(StorageError::from)

@@ -6,6 +6,7 @@
 pub mod catalog;
 pub mod ephemeral;
 pub mod groups;
+pub mod lag;
 pub mod messages;
 pub mod progress;
 pub mod reads;
