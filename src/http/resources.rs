@@ -7,7 +7,7 @@
 //! reads one page of queues (`limit`, default [`QUEUES_PER_PAGE`]); a queue's detail one page
 //! of its partitions; the overview counts partitions exactly up to [`EXACT_PARTITIONS`] and
 //! message counts over at most [`OVERVIEW_PARTITIONS`] partitions holding messages, and says
-//! when a figure is an estimate or partial.
+//! when a figure is an estimate or partial; the namespaces and tasks are summed the same way.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -33,9 +33,9 @@ pub const PARTITIONS_PER_PAGE: i64 = 1000;
 /// The largest `limit` of a queue's partitions.
 const MAX_PARTITIONS_PER_PAGE: i64 = 10_000;
 /// The overview counts partitions exactly up to this many, then takes PostgreSQL's estimate.
-pub const EXACT_PARTITIONS: i64 = 100_000;
+pub const EXACT_PARTITIONS: i64 = resources::EXACT_PARTITIONS;
 /// The overview's message counts read at most this many partitions holding messages.
-pub const OVERVIEW_PARTITIONS: i64 = 10_000;
+pub const OVERVIEW_PARTITIONS: i64 = resources::TALLIED_PARTITIONS;
 
 /// A queue's partition count and summed message counts.
 #[derive(Default, Clone, Copy)]
@@ -44,23 +44,27 @@ struct Tally {
     messages: MessageCounts,
 }
 
-/// Every queue with its partitions' tally, in listing order (priority, then name).
-async fn tallied_queues(state: &AppState) -> Result<Vec<(Queue, Tally)>, ApiError> {
+/// Every queue with its partitions' tally, in listing order (priority, then name), bounded as
+/// the overview is (`storage::queues::resources::tallies`); with whether the partitions and the
+/// messages are whole.
+async fn tallied_queues(state: &AppState) -> Result<(Vec<(Queue, Tally)>, bool, bool), ApiError> {
     let mut conn = state.admin_pool.acquire().await?;
     let all = catalog::all(&mut conn).await?;
-    let mut tallies: HashMap<i64, Tally> = HashMap::new();
-    for p in resources::partitions(&mut conn, None).await? {
-        let t = tallies.entry(p.queue_id).or_default();
-        t.partitions += 1;
-        t.messages += message_counts(&p);
-    }
-    Ok(all
+    let tallies = resources::tallies(&mut conn, None).await?;
+    let queues = all
         .into_iter()
         .map(|q| {
-            let t = tallies.get(&q.id).copied().unwrap_or_default();
-            (q, t)
+            let (partitions, messages) = tallies.by_queue.get(&q.id).copied().unwrap_or_default();
+            (
+                q,
+                Tally {
+                    partitions,
+                    messages,
+                },
+            )
         })
-        .collect())
+        .collect();
+    Ok((queues, tallies.partitions_exact, tallies.messages_exact))
 }
 
 /// The tally of these queues: partition counts (an index-only count) and the message counts
@@ -68,23 +72,20 @@ async fn tallied_queues(state: &AppState) -> Result<Vec<(Queue, Tally)>, ApiErro
 async fn tally_of(state: &AppState, queues: &[Queue]) -> Result<HashMap<i64, Tally>, ApiError> {
     let ids: Vec<i64> = queues.iter().map(|q| q.id).collect();
     let mut conn = state.admin_pool.acquire().await?;
-    let mut tallies: HashMap<i64, Tally> = resources::partition_counts(&mut conn, &ids)
+    Ok(resources::tallies(&mut conn, Some(&ids))
         .await?
+        .by_queue
         .into_iter()
-        .map(|(id, n)| {
+        .map(|(id, (partitions, messages))| {
             (
                 id,
                 Tally {
-                    partitions: n,
-                    ..Tally::default()
+                    partitions,
+                    messages,
                 },
             )
         })
-        .collect();
-    for p in resources::partitions_in(&mut conn, Scope::HeldIn(&ids)).await? {
-        tallies.entry(p.queue_id).or_default().messages += message_counts(&p);
-    }
-    Ok(tallies)
+        .collect())
 }
 
 /// `GET /api/v1/resources/queues[?limit=100&offset=0&search=text]`: one page of the queues
@@ -220,17 +221,27 @@ fn grouped(queues: &[(Queue, Tally)], key: impl Fn(&Queue) -> &str, label: &str)
         .collect()
 }
 
-/// `GET /api/v1/resources/namespaces`.
+/// `GET /api/v1/resources/namespaces`: per namespace its queues, partitions and messages,
+/// bounded as the overview is (`partitionsExact`, `messagesExact` say whether the sums are
+/// whole; without, partitions are not counted and messages are summed over the first
+/// [`OVERVIEW_PARTITIONS`] partitions holding some).
 pub async fn namespaces(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let queues = tallied_queues(&state).await?;
-    Ok(HttpResponse::Ok()
-        .json(json!({ "namespaces": grouped(&queues, |q| &q.namespace, "namespace") })))
+    let (queues, partitions_exact, messages_exact) = tallied_queues(&state).await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "namespaces": grouped(&queues, |q| &q.namespace, "namespace"),
+        "partitionsExact": partitions_exact,
+        "messagesExact": messages_exact,
+    })))
 }
 
-/// `GET /api/v1/resources/tasks`.
+/// `GET /api/v1/resources/tasks`: as the namespaces, per task.
 pub async fn tasks(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let queues = tallied_queues(&state).await?;
-    Ok(HttpResponse::Ok().json(json!({ "tasks": grouped(&queues, |q| &q.task, "task") })))
+    let (queues, partitions_exact, messages_exact) = tallied_queues(&state).await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "tasks": grouped(&queues, |q| &q.task, "task"),
+        "partitionsExact": partitions_exact,
+        "messagesExact": messages_exact,
+    })))
 }
 
 /// `GET /api/v1/resources/overview`. Lag is over every (subscribed group, partition) pair

@@ -25,6 +25,7 @@ use crate::state::AppState;
 use crate::storage::observe::status::{self, Interval, Scope};
 use crate::storage::queues::lag::{self, Source};
 use crate::storage::queues::messages::{self, Filter};
+use crate::storage::queues::resources;
 use crate::storage::{queues::catalog, queues::groups};
 
 type Query = web::Query<HashMap<String, String>>;
@@ -124,17 +125,17 @@ pub async fn overview(query: Query, state: web::Data<AppState>) -> Result<HttpRe
         let mut conn = state.admin_pool.acquire().await?;
         (
             catalog::all(&mut conn).await?,
-            status::tallies(&mut conn, None).await?,
+            resources::tallies(&mut conn, None).await?,
         )
     };
     let mut partitions = 0;
-    let mut counts = crate::storage::queues::resources::MessageCounts::default();
+    let mut counts = resources::MessageCounts::default();
     let mut queue_count = 0;
     for q in &all {
         let keep = scope.queue.as_ref().is_none_or(|n| *n == q.name)
             && scope.namespace.as_ref().is_none_or(|n| *n == q.namespace)
             && scope.task.as_ref().is_none_or(|n| *n == q.task);
-        if let (true, Some((p, c))) = (keep, tallies.get(&q.id)) {
+        if let (true, Some((p, c))) = (keep, tallies.by_queue.get(&q.id)) {
             queue_count += 1;
             partitions += p;
             counts += *c;
@@ -147,7 +148,9 @@ pub async fn overview(query: Query, state: web::Data<AppState>) -> Result<HttpRe
         "to": iso_millis(to),
         "queues": queue_count,
         "partitions": partitions,
+        "partitionsExact": tallies.partitions_exact,
         "messages": counts,
+        "messagesExact": tallies.messages_exact,
         "throughput": throughput,
     })))
 }
@@ -161,13 +164,13 @@ pub async fn queues_list(
     let offset = int(&query, "offset", 0) as usize;
     let mut conn = state.admin_pool.acquire().await?;
     let all = catalog::all(&mut conn).await?;
-    let tallies = status::tallies(&mut conn, None).await?;
-    let dead = status::dead_letters_by_queue(&mut conn).await?;
     let total = all.len();
-    let listed: Vec<Value> = all
+    let page: Vec<_> = all.into_iter().skip(offset).take(limit).collect();
+    let ids: Vec<i64> = page.iter().map(|q| q.id).collect();
+    let tallies = resources::tallies(&mut conn, Some(&ids)).await?.by_queue;
+    let dead = status::dead_letters_by_queue(&mut conn).await?;
+    let listed: Vec<Value> = page
         .into_iter()
-        .skip(offset)
-        .take(limit)
         .map(|q| {
             let (partitions, counts) = tallies.get(&q.id).copied().unwrap_or_default();
             json!({
@@ -198,8 +201,9 @@ pub async fn queue_detail(
     let queue = catalog::find(&mut conn, &name)
         .await?
         .ok_or_else(|| ApiError::NotFound("Queue not found".into()))?;
-    let (partitions, counts) = status::tallies(&mut conn, Some(queue.id))
+    let (partitions, counts) = resources::tallies(&mut conn, Some(&[queue.id]))
         .await?
+        .by_queue
         .get(&queue.id)
         .copied()
         .unwrap_or_default();

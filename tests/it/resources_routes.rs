@@ -146,7 +146,8 @@ async fn namespaces_tasks_and_overview_sum_their_queues() {
     assert_eq!(
         ns.body,
         json!({"namespaces": [{"namespace": "billing", "queues": 2, "partitions": 2,
-                               "messages": {"total": 3, "pending": 3}}]})
+                               "messages": {"total": 3, "pending": 3}}],
+               "partitionsExact": true, "messagesExact": true})
     );
     let tasks = app.get("/api/v1/resources/tasks").await;
     let names: Vec<&str> = tasks.body["tasks"]

@@ -8,7 +8,6 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 use crate::storage::error::StorageError;
-use crate::storage::queues::resources::{self, message_counts, MessageCounts};
 
 /// Which queues a status read covers (`None`: no condition).
 #[derive(Debug, Clone, Default)]
@@ -135,24 +134,6 @@ pub async fn written(
     .fetch_all(&mut *conn)
     .await?;
     Ok(Some(rows))
-}
-
-/// Per queue (by internal id): its partition count and its messages by status.
-///
-/// # Errors
-///
-/// Any database error.
-pub async fn tallies(
-    conn: &mut PgConnection,
-    queue_id: Option<i64>,
-) -> Result<HashMap<i64, (i64, MessageCounts)>, StorageError> {
-    let mut out: HashMap<i64, (i64, MessageCounts)> = HashMap::new();
-    for p in resources::partitions(conn, queue_id).await? {
-        let t = out.entry(p.queue_id).or_default();
-        t.0 += 1;
-        t.1 += message_counts(&p);
-    }
-    Ok(out)
 }
 
 /// Dead letters recorded per queue name.

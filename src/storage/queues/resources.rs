@@ -324,3 +324,69 @@ pub async fn ingested_per_second(conn: &mut PgConnection) -> Result<f64, Storage
     .await?;
     Ok(last_minute as f64 / 60.0)
 }
+
+/// Tallies over every queue count partitions exactly while there are at most this many in all.
+pub const EXACT_PARTITIONS: i64 = 100_000;
+/// Tallies over every queue sum the messages of at most this many partitions holding some.
+pub const TALLIED_PARTITIONS: i64 = 10_000;
+
+/// Per queue (internal id) its partition count and its messages by status, and whether each
+/// figure is whole.
+#[derive(Debug, Default)]
+pub struct Tallies {
+    /// (partitions, messages) per queue id; a queue without partitions or messages is absent.
+    pub by_queue: HashMap<i64, (i64, MessageCounts)>,
+    /// False when the partitions were not counted (more than [`EXACT_PARTITIONS`] in all).
+    pub partitions_exact: bool,
+    /// False when more than [`TALLIED_PARTITIONS`] partitions hold messages (only those were
+    /// summed).
+    pub messages_exact: bool,
+}
+
+/// The tallies of these queues (`Some`: their partitions counted from the `(queue_id, name)`
+/// index, messages over those of their partitions holding some), or of every queue (`None`),
+/// bounded: partitions counted only while at most [`EXACT_PARTITIONS`] in all, messages over
+/// at most [`TALLIED_PARTITIONS`] partitions holding some, found by a skip scan.
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn tallies(
+    conn: &mut PgConnection,
+    queue_ids: Option<&[i64]>,
+) -> Result<Tallies, StorageError> {
+    let mut out = Tallies {
+        partitions_exact: true,
+        messages_exact: true,
+        ..Tallies::default()
+    };
+    let held = match queue_ids {
+        Some(ids) => {
+            for (id, n) in partition_counts(&mut *conn, ids).await? {
+                out.by_queue.entry(id).or_default().0 = n;
+            }
+            partitions_in(&mut *conn, Scope::HeldIn(ids)).await?
+        }
+        None => {
+            out.partitions_exact = partition_total(&mut *conn, EXACT_PARTITIONS).await?.1;
+            if out.partitions_exact {
+                let rows: Vec<(i64, i64)> = sqlx::query_as(
+                    "SELECT queue_id, count(*)::int8 FROM queen.partitions GROUP BY queue_id",
+                )
+                .fetch_all(&mut *conn)
+                .await?;
+                for (id, n) in rows {
+                    out.by_queue.entry(id).or_default().0 = n;
+                }
+            }
+            let mut held = held_partitions(&mut *conn, TALLIED_PARTITIONS + 1).await?;
+            out.messages_exact = held.len() as i64 <= TALLIED_PARTITIONS;
+            held.truncate(TALLIED_PARTITIONS as usize);
+            partitions_in(&mut *conn, Scope::Ids(&held)).await?
+        }
+    };
+    for p in held {
+        out.by_queue.entry(p.queue_id).or_default().1 += message_counts(&p);
+    }
+    Ok(out)
+}
