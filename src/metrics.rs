@@ -1003,6 +1003,79 @@ impl Metrics {
     }
 }
 
+/// The Kafka listener's families (docs/kafka.md, "Metrics"): label sets bounded by the Kafka
+/// API names and two directions.
+#[derive(Clone)]
+pub struct KafkaMetrics {
+    enabled: bool,
+    /// Open Kafka connections.
+    pub connections: IntGauge,
+    /// Requests answered, by API and result (`ok`; `closed`: the connection was closed instead).
+    requests: IntCounterVec,
+    /// Time to answer, by API (a fetch's long poll included).
+    seconds: HistogramVec,
+    /// Records produced and fetched.
+    records: IntCounterVec,
+}
+
+impl KafkaMetrics {
+    /// One request of `api` answered (`ok`) or ending its connection, in `elapsed`.
+    pub fn request(&self, api: &str, ok: bool, elapsed: Duration) {
+        if !self.enabled {
+            return;
+        }
+        let result = if ok { "ok" } else { "closed" };
+        self.requests.with_label_values(&[api, result]).inc();
+        self.seconds
+            .with_label_values(&[api])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// `n` records stored by a produce.
+    pub fn produced(&self, n: u64) {
+        if self.enabled {
+            self.records.with_label_values(&["produced"]).inc_by(n);
+        }
+    }
+
+    /// `n` records answered to a fetch.
+    pub fn fetched(&self, n: u64) {
+        if self.enabled {
+            self.records.with_label_values(&["fetched"]).inc_by(n);
+        }
+    }
+}
+
+impl Metrics {
+    /// Registers the Kafka listener's families on this registry; call once per registry.
+    pub fn kafka(&self) -> KafkaMetrics {
+        let r = &self.registry;
+        KafkaMetrics {
+            enabled: self.enabled(),
+            connections: gauge(r, "queen_kafka_connections", "open Kafka connections"),
+            requests: counter_vec(
+                r,
+                "queen_kafka_requests_total",
+                "Kafka requests, by API and result (ok, or closed: the connection was closed instead of answering)",
+                &["api", "result"],
+            ),
+            seconds: histogram_vec(
+                r,
+                "queen_kafka_request_duration_seconds",
+                "time to answer a Kafka request, by API (a fetch's long poll included)",
+                &["api"],
+                POP_LATENCY,
+            ),
+            records: counter_vec(
+                r,
+                "queen_kafka_records_total",
+                "records produced and fetched over the Kafka listener",
+                &["direction"],
+            ),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

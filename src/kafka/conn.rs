@@ -61,7 +61,10 @@ enum Closed {
 /// Serves one connection until it closes.
 pub async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, kafka: &Kafka) {
     let _ = stream.set_nodelay(true);
-    match serve_frames(&mut stream, kafka).await {
+    kafka.metrics.connections.inc();
+    let served = serve_frames(&mut stream, kafka).await;
+    kafka.metrics.connections.dec();
+    match served {
         Err(Closed::Eof) | Ok(()) => tracing::debug!(%peer, "Kafka connection closed"),
         Err(e @ (Closed::Io(_) | Closed::Idle)) => {
             tracing::debug!(%peer, reason = %e, "Kafka connection closed")
@@ -108,7 +111,14 @@ async fn serve_frames(stream: &mut TcpStream, kafka: &Kafka) -> Result<(), Close
             write(stream, &crate::kafka::sasl::raw_success()).await?;
             continue;
         }
-        let (answer, then_close) = answer(frame.freeze(), kafka, &mut session).await?;
+        let began = std::time::Instant::now();
+        let api = ApiKey::try_from(i16::from_be_bytes([frame[0], frame[1]]))
+            .map_or_else(|_| "unknown".to_string(), |key| format!("{key:?}"));
+        let answered = answer(frame.freeze(), kafka, &mut session).await;
+        kafka
+            .metrics
+            .request(&api, answered.is_ok(), began.elapsed());
+        let (answer, then_close) = answered?;
         if let Some(answer) = answer {
             write(stream, &answer).await?;
         }

@@ -273,6 +273,7 @@ pub async fn fetch(kafka: &Kafka, request: FetchRequest, _version: i16) -> Fetch
                 p.log_start_offset = a.log_start;
                 p.preferred_read_replica = kafka_protocol::messages::BrokerId(-1);
                 if !a.records.is_empty() {
+                    kafka.metrics.fetched(a.records.len() as u64);
                     let mut buf = BytesMut::new();
                     let options = RecordEncodeOptions {
                         version: 2,

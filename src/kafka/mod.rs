@@ -36,6 +36,7 @@ use std::sync::Arc;
 use tokio::sync::{OnceCell, Semaphore};
 
 use crate::auth::jwt::Verifier;
+use crate::metrics::KafkaMetrics;
 use crate::settings::KafkaSettings;
 use crate::state::AppState;
 use crate::storage::push::dedup::Secret;
@@ -121,6 +122,8 @@ pub struct Kafka {
     pub verifier: Option<Arc<Verifier>>,
     /// The database's dedup secret, read once (`storage::push::dedup`).
     secret: OnceCell<Secret>,
+    /// The listener's metric families (`queen_kafka_*`).
+    pub metrics: KafkaMetrics,
 }
 
 impl Kafka {
@@ -132,6 +135,7 @@ impl Kafka {
         verifier: Option<Arc<Verifier>>,
     ) -> Self {
         let budget_kib = (state.settings.max_inflight_bytes / 1024).clamp(1, 1 << 28);
+        let metrics = state.metrics.kafka();
         Self {
             state,
             settings,
@@ -140,6 +144,7 @@ impl Kafka {
             frame_budget: Semaphore::new(budget_kib),
             verifier,
             secret: OnceCell::new(),
+            metrics,
         }
     }
 

@@ -256,6 +256,12 @@ pub async fn produce(
             }
             Ok(verdicts) => {
                 state.metrics.pushed(verdicts.iter().map(|v| v.as_str()));
+                kafka.metrics.produced(
+                    verdicts
+                        .iter()
+                        .filter(|v| matches!(v, Verdict::Queued | Verdict::Buffered))
+                        .count() as u64,
+                );
                 if verdicts.contains(&Verdict::Queued) && !state.wake.listening() {
                     state.wake.wake(&key.queue, &key.partition);
                 }

@@ -437,6 +437,27 @@ async fn produced_records_are_fetched_with_keys_and_headers_and_popped_over_http
         }
     }
 
+    // The listener's metric families count what happened (docs/kafka.md, "Metrics").
+    let (status, text) = app.get_text("/metrics/prometheus").await;
+    assert_eq!(status, 200);
+    for line in [
+        "queen_kafka_records_total{direction=\"produced\"} 6",
+        "queen_kafka_records_total{direction=\"fetched\"} 6",
+        "queen_kafka_requests_total{api=\"Produce\",result=\"ok\"} 2",
+        "queen_kafka_requests_total{api=\"Fetch\",result=\"ok\"} 1",
+        "queen_kafka_request_duration_seconds_count{api=\"Produce\"} 2",
+        "queen_kafka_connections 1",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "{line} in /metrics/prometheus:\n{}",
+            text.lines()
+                .filter(|l| l.contains("kafka"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+
     // The same records over HTTP: the plain JSON value as itself, the others as envelopes.
     let popped = messages(&pop_partition(&app, "orders", "0", "batch=3&wait=false").await);
     assert_eq!(popped[0]["data"], json!({"n": 0}));
