@@ -260,6 +260,30 @@ async fn oversized_garbage_and_truncated_frames_close_only_their_own_connection(
         "a body that does not decode closes its connection"
     );
 
+    // Array counts far past the frame's bytes (2^31 - 1 topics in a classic array, 2^32 - 2 in
+    // a compact one): refused without reserving room for them.
+    for (version, count) in [
+        (4i16, vec![0x7f, 0xff, 0xff, 0xff]),
+        (9, vec![0xff, 0xff, 0xff, 0xff, 0x0f]),
+    ] {
+        let mut header = RequestHeader::default();
+        header.request_api_key = ApiKey::Metadata as i16;
+        header.request_api_version = version;
+        header.correlation_id = 2;
+        let mut buf = BytesMut::new();
+        header
+            .encode(&mut buf, ApiKey::Metadata.request_header_version(version))
+            .expect("header");
+        buf.extend_from_slice(&count);
+        buf.extend_from_slice(&[0, 1, b'a']);
+        let mut huge = Conn::open(port).await;
+        huge.send_frame(&buf).await;
+        assert!(
+            huge.closed().await,
+            "an array count past the frame closes its connection (v{version})"
+        );
+    }
+
     // A frame that never finishes: the client goes away mid-frame.
     let mut truncated = Conn::open(port).await;
     truncated
