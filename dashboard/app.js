@@ -476,6 +476,16 @@ function maintenanceToggles(flags) {
     toggle("toggle-pop-maintenance", "Pop maintenance", flags.pop, "/api/v1/system/maintenance/pop"));
 }
 
+/** Where a lag figure comes from (`X-Lag-Measured-At`, the overview's `lag.measuredAt`): nothing
+ * when measured for this answer, else when the broker's background lag pass ran
+ * (docs/operations.md, "Lag at scale"). */
+function lagMeasured(at) {
+  if (!at || at === "request") return "";
+  if (at === "pending") return " · first lag pass running";
+  const t = new Date(at);
+  return Number.isNaN(t.getTime()) ? "" : ` · as of ${t.toLocaleTimeString()}`;
+}
+
 /** Backlog per (group, queue) from the lagging route: {`${group}\u0000${queue}`: messages}. */
 function backlogs(lagging) {
   const out = new Map();
@@ -576,7 +586,8 @@ async function overview(query) {
       `${fmtNum(msgs.pending ?? 0)} pending · ${fmtNum(msgs.processing ?? 0)} processing · ${fmtNum(msgs.deadLetter ?? 0)} dead` +
       (partial ? ` · over the first ${fmtNum(summary.messagesPartitions)} partitions holding messages` : "")),
     card("card-rate", "Ingest", `${fmtNum(summary.throughput?.ingestedPerSecond ?? 0)}/s`, "last minute"),
-    card("card-lag", "Max lag", fmtDuration(summary.lag?.time?.max ?? 0), `${fmtNum(summary.lag?.offset?.max ?? 0)} message${summary.lag?.offset?.max === 1 ? "" : "s"} behind`),
+    card("card-lag", "Max lag", fmtDuration(summary.lag?.time?.max ?? 0), `${fmtNum(summary.lag?.offset?.max ?? 0)} message${summary.lag?.offset?.max === 1 ? "" : "s"} behind` +
+      lagMeasured(summary.lag?.measuredAt)),
     card("card-queues", "Queues", fmtNum(summary.queues ?? 0),
       `${summary.partitionsExact === false ? "about " : ""}${fmtNum(summary.partitions ?? 0)} partitions`),
     card("card-broker", "Broker", health.version ? `v${health.version}` : "—",

@@ -11,7 +11,9 @@
 //! - **leases**: a lease held by a consumer is not taken over by the broker that thinks it
 //!   expired an hour ago, and is taken over once it really expired;
 //! - **KV expiry**: a key lives for its TTL, neither shorter nor longer;
-//! - **timers**: a timer fires after its delay, not at once and not an hour late.
+//! - **timers**: a timer fires after its delay, not at once and not an hour late;
+//! - **retention**: a message is removed once its queue's retention passed by PostgreSQL's
+//!   clock — not at once by a sweep on the broker an hour ahead, nor kept by the one behind.
 //!
 //! Runs when libfaketime is installed (`apt-get install faketime`); without it the test says so
 //! and passes, unless `QUEEN_REQUIRE_FAKETIME=1` (set by `.ci/run`), which makes a missing
@@ -33,6 +35,9 @@ const LEASE_SECS: u64 = 2;
 /// A key's TTL and a timer's delay.
 const TTL_SECS: u64 = 2;
 const TIMER_MS: u64 = 2_000;
+/// The retention of the retained queue, in seconds, and how often each broker sweeps.
+const RETAIN_SECS: u64 = 4;
+const SWEEP_MS: u64 = 300;
 
 fn faketime_lib() -> Option<PathBuf> {
     if let Ok(path) = std::env::var("QUEEN_FAKETIME_LIB") {
@@ -64,6 +69,7 @@ fn skewed_node(db_url: &str, dir: &Path, n: usize, lib: &Path, offset_file: &Pat
         ("NUM_WORKERS", "1".into()),
         ("DB_POOL_SIZE", "4".into()),
         ("LOG_LEVEL", "warn".into()),
+        ("RETENTION_INTERVAL", SWEEP_MS.to_string()),
         ("LD_PRELOAD", lib.display().to_string()),
         ("FAKETIME_TIMESTAMP_FILE", offset_file.display().to_string()),
         ("FAKETIME_CACHE_DURATION", "1".into()),
@@ -345,4 +351,39 @@ async fn chaos_clock_postgresql_decides_delays_leases_expiry_and_timers_whatever
     assert_eq!(fired[0]["transactionId"], "timer-1");
     eprintln!("timer of {TIMER_MS} ms fired and popped after {late:?}");
     assert!(late >= Duration::from_millis(TIMER_MS - 500), "{late:?}");
+
+    // Retention, both brokers sweeping every SWEEP_MS: one an hour behind, one an hour ahead
+    // again (a message would look an hour old to it at once).
+    std::fs::write(&ahead_file, "+3600\n").unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await; // libfaketime re-reads each second
+    ok(
+        &http,
+        &behind,
+        "/api/v1/configure",
+        &json!({"queue": "retained",
+                "options": {"retentionEnabled": true, "retentionSeconds": RETAIN_SECS}}),
+    )
+    .await;
+    push(&http, &behind, "retained", "p").await;
+    let pushed_at = Instant::now();
+    tokio::time::sleep(Duration::from_millis(RETAIN_SECS * 1000 / 2)).await;
+    assert_eq!(
+        db.stored("retained", "p").await.len(),
+        1,
+        "removed inside its retention by a sweep that read a broker's clock"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !db.stored("retained", "p").await.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "kept past its retention of {RETAIN_SECS} s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let kept = pushed_at.elapsed();
+    eprintln!("retention {RETAIN_SECS} s: removed after {kept:?}");
+    assert!(
+        kept >= Duration::from_millis(RETAIN_SECS * 1000 - 500),
+        "{kept:?}"
+    );
 }
