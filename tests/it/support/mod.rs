@@ -3,8 +3,8 @@
 //! broker on 127.0.0.1:0. `auth`, `consuming` and `proxy` hold the helpers of those areas;
 //! `replica` makes a primary with a streaming standby for the switchover tests; `tls` makes
 //! throwaway certificate authorities. The HA engine tests make their clusters with
-//! `autofailover` (pg_auto_failover), kill a node's machine with `machine`, and run the
-//! failover workload of `load`.
+//! `autofailover` (pg_auto_failover) and `patroni` (Patroni with etcd), kill a node's machine
+//! with `machine`, and run the failover workload of `load`.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -18,6 +18,7 @@ pub mod autofailover;
 pub mod consuming;
 pub mod load;
 pub mod machine;
+pub mod patroni;
 pub mod proxy;
 pub mod replica;
 pub mod tls;
