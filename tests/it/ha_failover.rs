@@ -13,96 +13,29 @@
 //! (the window) and only twice = 0 and order = 0 are asserted. Skips when pg_autoctl is not installed, unless `QUEEN_REQUIRE_HA=1` (`.ci/run`).
 //! `cargo test --test it ha_failover -- --nocapture` prints the numbers.
 
-use std::time::{Duration, Instant};
-
 use crate::support::autofailover::Formation;
-use crate::support::load::{check_consumed, failover_brokers, ms, Load, Outcome};
-use crate::support::TestDb;
+use crate::support::load::{check_consumed, engine_failover, Outcome};
 
 /// Two brokers under load on a formation whose primary then dies; `None` when pg_autoctl is
 /// not installed (and not required).
 async fn run(synchronous: bool) -> Option<Outcome> {
     let mut formation = Formation::start(synchronous).await?;
-    let apps = failover_brokers(&formation.url("queen"), 2).await;
+    let url = formation.url("queen");
     let old = format!("127.0.0.1:{}", formation.ports[0]);
     let new = format!("127.0.0.1:{}", formation.ports[1]);
-    for app in &apps {
-        assert_eq!(app.broker.primary.current_host(), old);
-    }
-    let load = Load::start(apps, 4).await;
-    load.accepted_more(1_000).await;
-
-    let died_at = Instant::now();
-    // A few milliseconds of kill(1) and pkill(1): run on the test's thread.
-    formation.kill_node(0);
-    load.all_on(&new, Duration::from_secs(60)).await;
-    let switched = died_at.elapsed();
-    // From here on: the first push answered `queued` and the first delivery (answers to
-    // commits made on the old primary before it died may still arrive just after the kill).
-    let watch_from = load.watch_resume();
-    load.resumed_after(watch_from).await;
-    load.accepted_more(1_000).await;
-    let apps = load.apps.clone();
-    let db = TestDb {
-        url: formation.node_url(1, "queen"),
-    };
-    let Outcome {
-        total,
-        elapsed,
-        lost,
-        twice,
-        order,
-        tally: t,
-        lost_answers,
-        unexplained,
-    } = load.finish_checked(&db).await;
-    let states = formation.states().await;
+    let promoted = formation.node_url(1, "queen");
+    let run = engine_failover(&url, &old, &new, || formation.kill_node(0), promoted).await;
     eprintln!(
-        "ha failover (pg_auto_failover, {} standby): {total} messages through 2 \
-         brokers in {:.1} s; primary killed to both brokers on the promoted node {} ms; pushes \
-         queued again {} ms and pops delivering {} ms after that; {} items buffered, {} push \
-         retries, {} pop errors; {} deliveries, {} acked, {} acks refused ({} after their \
-         first attempt had committed); lost {lost}, twice {twice}, order {order}, delivered after ack {}; \
-         monitor: {states:?}",
+        "ha failover (pg_auto_failover, {} standby): {}; monitor: {:?}",
         if synchronous {
             "synchronous"
         } else {
             "asynchronous"
         },
-        elapsed.as_secs_f64(),
-        ms(switched),
-        ms(t.pushes_resumed_at
-            .expect("pushes resumed")
-            .saturating_duration_since(watch_from)),
-        ms(t.pops_resumed_at
-            .expect("pops resumed")
-            .saturating_duration_since(watch_from)),
-        t.buffered,
-        t.push_retries,
-        t.pop_errors,
-        t.deliveries,
-        t.acked.len(),
-        t.acks_refused,
-        lost_answers,
-        t.after_ack,
+        run.describe(),
+        formation.states().await
     );
-    for app in apps.iter() {
-        assert_eq!(app.broker.state.spool.state.records(), 0, "spools drained");
-    }
-    assert!(
-        t.buffered > 0,
-        "pushes while no node took writes were spooled (answered buffered)"
-    );
-    Some(Outcome {
-        total,
-        elapsed,
-        lost,
-        twice,
-        order,
-        tally: t,
-        lost_answers,
-        unexplained,
-    })
+    Some(run.outcome)
 }
 
 #[actix_web::test]

@@ -35,6 +35,7 @@ mod fuzz_corpus;
 mod grafana;
 mod groups_basic;
 mod ha_failover;
+mod ha_patroni;
 mod history;
 mod hostile_input;
 mod kafka;

@@ -12,13 +12,15 @@
 
 use std::fs::File;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use queen_broker::pg::{find_bin_dir, free_port, running_as_root};
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
+
+use crate::support::machine::{kill_group, kill_machine};
 
 /// The monitor's timing, shortened so that a failover takes seconds, not half a minute.
 const MONITOR_TIMING: [(&str, &str); 6] = [
@@ -211,24 +213,10 @@ impl Formation {
     }
 
     /// The node's machine dies: its pg_autoctl, its PostgreSQL and every backend are killed
-    /// (SIGKILL), nothing is shut down cleanly. PostgreSQL's children lead process groups of
-    /// their own, and outlive a killed postmaster until they notice: the postmaster is stopped
-    /// first (no new children), its children killed, then the postmaster and pg_autoctl.
+    /// (SIGKILL), nothing is shut down cleanly ([`kill_machine`]).
     pub fn kill_node(&mut self, node: usize) {
         let pgdata = self.dir.join(format!("n{}", node + 1));
-        let postmaster = postmaster_pid(&pgdata);
-        if let Some(pid) = postmaster {
-            signal(pid, "STOP");
-            let _ = Command::new("pkill")
-                .args(["-KILL", "-P", &pid.to_string()])
-                .status();
-        }
-        let child = &mut self.processes[node + 1];
-        kill_group(child.id());
-        let _ = child.wait();
-        if let Some(pid) = postmaster {
-            signal(pid, "KILL");
-        }
+        kill_machine(&pgdata, &mut self.processes[node + 1]);
     }
 
     fn spawn_node(&mut self, node: usize, quorum: bool) {
@@ -383,34 +371,6 @@ impl Formation {
             .spawn()
             .expect("watchdog starts");
     }
-}
-
-/// SIGKILL to a process group. Spelled `kill -s KILL -- -PGID`: procps-ng 4.0.2 (Debian 12)
-/// reads `kill -9 -PGID` as `kill(-1, SIGKILL)`, which kills every process it may.
-fn kill_group(pgid: u32) {
-    assert!(pgid > 1, "not a process group of ours: {pgid}");
-    let _ = Command::new("kill")
-        .args(["-s", "KILL", "--", &format!("-{pgid}")])
-        .status();
-}
-
-/// `kill -s SIG -- PID` for one process.
-fn signal(pid: u32, sig: &str) {
-    assert!(pid > 1, "not a process of ours: {pid}");
-    let _ = Command::new("kill")
-        .args(["-s", sig, "--", &pid.to_string()])
-        .stderr(Stdio::null())
-        .status();
-}
-
-fn postmaster_pid(pgdata: &Path) -> Option<u32> {
-    std::fs::read_to_string(pgdata.join("postmaster.pid"))
-        .ok()?
-        .lines()
-        .next()?
-        .trim()
-        .parse()
-        .ok()
 }
 
 impl Drop for Formation {

@@ -492,3 +492,99 @@ pub async fn blocking(
 pub fn ms(d: Duration) -> u128 {
     d.as_millis()
 }
+
+/// What a failover under an HA engine measured ([`engine_failover`]).
+pub struct EngineFailover {
+    /// What the load left behind, checked on the promoted node.
+    pub outcome: Outcome,
+    /// From the kill to both brokers writing to the promoted node.
+    pub switched: Duration,
+    /// From then to the first push answered `queued` and to the first delivery.
+    pub pushes_after: Duration,
+    pub pops_after: Duration,
+}
+
+/// The run of the HA engine tests (tests/it/ha_failover.rs, tests/it/ha_patroni.rs): two
+/// brokers on the multi-host `url`, both first on `old` (`host:port`), four producers and the
+/// consumer. Once 1 000 items were accepted, `kill` makes the primary's machine die; then both
+/// brokers must write to `new` within 60 s, pushes be `queued` and pops deliver again, and
+/// 1 000 more items be accepted. The load is finished and checked on `promoted` (the new
+/// primary's URL of the broker's database). Asserts that the spools drained and that what
+/// arrived while no node took writes was spooled.
+pub async fn engine_failover(
+    url: &str,
+    old: &str,
+    new: &str,
+    kill: impl FnOnce(),
+    promoted: String,
+) -> EngineFailover {
+    let apps = failover_brokers(url, 2).await;
+    for app in &apps {
+        assert_eq!(app.broker.primary.current_host(), old);
+    }
+    let load = Load::start(apps, 4).await;
+    load.accepted_more(1_000).await;
+
+    let died_at = Instant::now();
+    // A few milliseconds of kill(1) and pkill(1): run on the test's thread.
+    kill();
+    load.all_on(new, Duration::from_secs(60)).await;
+    let switched = died_at.elapsed();
+    // From here on: the first push answered `queued` and the first delivery (answers to
+    // commits made on the old primary before it died may still arrive just after the kill).
+    let watch_from = load.watch_resume();
+    load.resumed_after(watch_from).await;
+    load.accepted_more(1_000).await;
+    let apps = load.apps.clone();
+    let outcome = load.finish_checked(&TestDb { url: promoted }).await;
+    for app in apps.iter() {
+        assert_eq!(app.broker.state.spool.state.records(), 0, "spools drained");
+    }
+    let t = &outcome.tally;
+    assert!(
+        t.buffered > 0,
+        "pushes while no node took writes were spooled (answered buffered)"
+    );
+    let since_watch =
+        |at: Option<Instant>| at.expect("resumed").saturating_duration_since(watch_from);
+    EngineFailover {
+        switched,
+        pushes_after: since_watch(t.pushes_resumed_at),
+        pops_after: since_watch(t.pops_resumed_at),
+        outcome,
+    }
+}
+
+impl EngineFailover {
+    /// The run's numbers, one line.
+    pub fn describe(&self) -> String {
+        let Outcome {
+            total,
+            elapsed,
+            lost,
+            twice,
+            order,
+            tally: t,
+            lost_answers,
+            ..
+        } = &self.outcome;
+        format!(
+            "{total} messages through 2 brokers in {:.1} s; primary killed to both brokers on \
+             the promoted node {} ms; pushes queued again {} ms and pops delivering {} ms after \
+             that; {} items buffered, {} push retries, {} pop errors; {} deliveries, {} acked, \
+             {} acks refused ({lost_answers} after their first attempt had committed); lost \
+             {lost}, twice {twice}, order {order}, delivered after ack {}",
+            elapsed.as_secs_f64(),
+            ms(self.switched),
+            ms(self.pushes_after),
+            ms(self.pops_after),
+            t.buffered,
+            t.push_retries,
+            t.pop_errors,
+            t.deliveries,
+            t.acked.len(),
+            t.acks_refused,
+            t.after_ack,
+        )
+    }
+}

@@ -2,7 +2,9 @@
 //! `QUEEN_TEST_DATABASE_URL`), a database per test cloned from a migrated template, and the
 //! broker on 127.0.0.1:0. `auth`, `consuming` and `proxy` hold the helpers of those areas;
 //! `replica` makes a primary with a streaming standby for the switchover tests; `tls` makes
-//! throwaway certificate authorities.
+//! throwaway certificate authorities. The HA engine tests make their clusters with
+//! `autofailover` (pg_auto_failover) and `patroni` (Patroni with etcd), kill a node's machine
+//! with `machine`, and run the failover workload of `load`.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -15,6 +17,8 @@ pub mod auth;
 pub mod autofailover;
 pub mod consuming;
 pub mod load;
+pub mod machine;
+pub mod patroni;
 pub mod proxy;
 pub mod replica;
 pub mod tls;
