@@ -7,7 +7,12 @@ use broker_actors::codec;
 use broker_actors::spool::record;
 use broker_actors::Item;
 use broker_actors::PartitionKey;
+use bytes::Bytes;
+use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind};
+use kafka_protocol::protocol::Decodable;
 use queen_broker::http::transaction::{parse, parse_binary};
+use queen_broker::kafka::compression::Budget;
+use queen_broker::kafka::produce::{items_of, Limits};
 use queen_broker::protocol::ack::{group_of, json_body, parse_ack, WireAck};
 use queen_broker::protocol::depth;
 use queen_broker::protocol::push::{mint, parse_push_body, push_item_count, ParsedItem};
@@ -310,5 +315,50 @@ pub fn segment_frames(data: &[u8]) {
     assert_eq!(again, data, "decode then encode gives the same bytes");
     if data[0] == 1 {
         assert_eq!(frames::encode(items.iter()), data);
+    }
+}
+
+/// A Kafka request frame (what follows the size prefix; src/kafka/conn.rs): arbitrary bytes
+/// never panic and never make the decoder reserve room for counts the frame does not hold (the
+/// patched kafka-protocol, vendor/README.md; libFuzzer fails an allocation over its 2 GB
+/// limit). A Produce's record batches go through the broker's own decoding, which stays
+/// within its budgets: records and decompressed bytes.
+pub fn kafka_request(data: &[u8]) {
+    if data.len() < 4 {
+        return;
+    }
+    let Ok(key) = ApiKey::try_from(i16::from_be_bytes([data[0], data[1]])) else {
+        return;
+    };
+    let version = i16::from_be_bytes([data[2], data[3]]);
+    let range = key.valid_versions();
+    if !(range.min..=range.max).contains(&version) {
+        return;
+    }
+    let mut body = Bytes::copy_from_slice(data);
+    if RequestHeader::decode(&mut body, key.request_header_version(version)).is_err() {
+        return;
+    }
+    let Ok(request) = RequestKind::decode(key, &mut body, version) else {
+        return;
+    };
+    if let RequestKind::Produce(produce) = request {
+        const RECORDS: usize = 1000;
+        const INFLATED: usize = 1 << 20;
+        for topic in produce.topic_data {
+            for partition in topic.partition_data {
+                let limits = Limits {
+                    inflated: Budget::new(INFLATED),
+                    records: std::cell::Cell::new(RECORDS),
+                };
+                if let Ok(items) = items_of(partition.records, &limits, Some("fuzz")) {
+                    assert!(
+                        items.len() <= RECORDS,
+                        "{} records past the budget",
+                        items.len()
+                    );
+                }
+            }
+        }
     }
 }

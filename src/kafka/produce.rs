@@ -54,8 +54,9 @@ pub struct Limits {
 }
 
 /// Decodes one partition's batches into items stamped with the producer's `sub` (the SASL
-/// token's, as an HTTP push stamps its caller's); `Err` is the partition's error code.
-fn items_of(
+/// token's, as an HTTP push stamps its caller's); `Err` is the partition's error code. Public
+/// for the `kafka_request` fuzz target (fuzz/checks.rs).
+pub fn items_of(
     records: Option<bytes::Bytes>,
     limits: &Limits,
     producer_sub: Option<&str>,

@@ -55,3 +55,8 @@ fn push_binary_corpus() {
 fn transaction_binary_corpus() {
     corpus("transaction_binary", checks::transaction_binary);
 }
+
+#[test]
+fn kafka_request_corpus() {
+    corpus("kafka_request", checks::kafka_request);
+}
