@@ -48,23 +48,33 @@ WITH {before} pos AS (
 ), lag AS (
     SELECT pos.*,
            GREATEST(pos.next_offset - pos.position, 0) AS offset_lag,
-           CASE WHEN pos.next_offset > pos.position THEN
+           {oldest} AS oldest_unconsumed_at
+      FROM pos
+)",
+        start = start_offset_sql("p.id", "s.subscription_from"),
+        oldest = oldest_unconsumed_sql("pos")
+    )
+}
+
+/// The arrival of the oldest message past the group's position in a row `r` with
+/// `partition_id`, `position` and `next_offset` (NULL when nothing is past it): the segment
+/// holding the position, or the first one after it.
+pub(crate) fn oldest_unconsumed_sql(r: &str) -> String {
+    format!(
+        "CASE WHEN {r}.next_offset > {r}.position THEN
                COALESCE((SELECT sg.created_at
                            FROM queen.segments sg
-                          WHERE sg.partition_id = pos.partition_id
-                            AND sg.base_offset <= pos.position
+                          WHERE sg.partition_id = {r}.partition_id
+                            AND sg.base_offset <= {r}.position
                           ORDER BY sg.base_offset DESC
                           LIMIT 1),
                         (SELECT sg.created_at
                            FROM queen.segments sg
-                          WHERE sg.partition_id = pos.partition_id
-                            AND sg.base_offset > pos.position
+                          WHERE sg.partition_id = {r}.partition_id
+                            AND sg.base_offset > {r}.position
                           ORDER BY sg.base_offset
                           LIMIT 1))
-           END AS oldest_unconsumed_at
-      FROM pos
-)",
-        start = start_offset_sql("p.id", "s.subscription_from")
+           END"
     )
 }
 

@@ -16,7 +16,9 @@ use sqlx::PgConnection;
 use crate::storage::consume::read::start_offset_sql;
 use crate::storage::error::StorageError;
 use crate::storage::queues::catalog::contains_pattern;
-use crate::storage::queues::groups::{GroupSummary, PairBacklog, PartitionLag, Spread};
+use crate::storage::queues::groups::{
+    oldest_unconsumed_sql, GroupSummary, PairBacklog, PartitionLag, Spread,
+};
 
 /// Advisory lock (first key; the second is 0) held by the broker taking a pass.
 const PASS_LOCK: i32 = 0x4c41_4750; // "LAGP"
@@ -153,6 +155,7 @@ async fn chunk(
     upto: i64,
 ) -> Result<(Vec<PairRow>, i64), StorageError> {
     let start = start_offset_sql("p.id", "s.subscription_from");
+    let oldest = oldest_unconsumed_sql("pos");
     let pairs: i64 = sqlx::query_scalar(
         "SELECT count(*)::int8
            FROM queen.partitions p
@@ -179,20 +182,7 @@ async fn chunk(
          ), found AS (
              SELECT pos.*,
                     GREATEST(pos.next_offset - pos.position, 0) AS offset_lag,
-                    CASE WHEN pos.next_offset > pos.position THEN
-                        COALESCE((SELECT sg.created_at
-                                    FROM queen.segments sg
-                                   WHERE sg.partition_id = pos.partition_id
-                                     AND sg.base_offset <= pos.position
-                                   ORDER BY sg.base_offset DESC
-                                   LIMIT 1),
-                                 (SELECT sg.created_at
-                                    FROM queen.segments sg
-                                   WHERE sg.partition_id = pos.partition_id
-                                     AND sg.base_offset > pos.position
-                                   ORDER BY sg.base_offset
-                                   LIMIT 1))
-                    END AS oldest_unconsumed_at
+                    {oldest} AS oldest_unconsumed_at
                FROM pos
               WHERE pos.next_offset > pos.position OR pos.lease_active
          )
