@@ -8,7 +8,8 @@
 # and exits non-zero when a flow fails. QUEEN_COMPAT_STRICT=1 also fails on flows skipped because
 # the broker lacks a route they need. streams26.py runs the 2.6 client's Stream runtime
 # (docs/streams.md). Then tls.sh: the 2.6.0 client over HTTPS, same database; then kafka.sh:
-# kcat, confluent-kafka and kafka-python on the Kafka listener (docs/kafka.md), same database.
+# kcat, confluent-kafka and kafka-python on the Kafka listener (docs/kafka.md), same database;
+# then kafkajs.sh: kafkajs (npm) on the Kafka listener.
 # The 2.6 client's own test suite is tests/compat/suite26.sh.
 #
 #   bash tests/compat/run.sh                 # from the repository root, nothing else needed
@@ -99,4 +100,6 @@ echo "compat: Queen's Python client over HTTPS (tests/compat/tls.sh)"
 QUEEN_BROKER_BIN="$target/release/queen-broker" bash "$root/tests/compat/tls.sh" || status=$?
 echo "compat: Kafka clients on the Kafka listener (tests/compat/kafka.sh)"
 QUEEN_BROKER_BIN="$target/release/queen-broker" bash "$root/tests/compat/kafka.sh" || status=$?
+echo "compat: kafkajs on the Kafka listener (tests/compat/kafkajs.sh)"
+QUEEN_BROKER_BIN="$target/release/queen-broker" bash "$root/tests/compat/kafkajs.sh" || status=$?
 exit "$status"
