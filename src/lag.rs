@@ -29,10 +29,12 @@ async fn look(pool: &PgPool, live_pairs: i64, every: Duration) -> Result<bool, S
         return Ok(false);
     }
     let began = Instant::now();
-    match lag::take_pass(&mut conn, CHUNK)
-        .await
-        .map_err(|e| e.to_string())?
-    {
+    // The pass holds a session-level advisory lock: on a connection of its own, closed after,
+    // so the lock can never stay with a pooled connection whatever happens to the pass.
+    let mut conn = conn.detach();
+    let taken = lag::take_pass(&mut conn, CHUNK).await;
+    let _ = sqlx::Connection::close(conn).await;
+    match taken.map_err(|e| e.to_string())? {
         Some(info) => {
             tracing::info!(
                 partitions = info.partitions,
