@@ -98,12 +98,27 @@ pub struct Broker {
     pub tls: Option<Arc<CertStore>>,
     /// The bound Kafka port, when `QUEEN_KAFKA_PORT` is set (docs/kafka.md).
     pub kafka_port: Option<u16>,
+    kafka: Option<Arc<crate::kafka::Kafka>>,
     arbiters: Vec<Arbiter>,
     listener: Arc<Mutex<wake::ListenerHandle>>,
     private_cluster: Option<PrivateCluster>,
 }
 
 impl Broker {
+    /// This broker's Kafka node id, once registered (docs/kafka.md, "Several brokers").
+    pub fn kafka_node_id(&self) -> Option<i32> {
+        self.kafka.as_ref().and_then(|k| k.cluster.node_id())
+    }
+
+    /// A clean stop of the Kafka side: gives up the groups this broker coordinates and deletes
+    /// its registration, so other brokers take the groups at once (without it they wait for
+    /// the lease to run out, as after a crash).
+    pub async fn release_kafka(&self) {
+        if let Some(kafka) = &self.kafka {
+            crate::kafka::cluster::release(kafka).await;
+        }
+    }
+
     /// Stops the actor threads and a private cluster; call after the server has stopped.
     pub fn shutdown(&self) {
         self.primary.stop();
@@ -132,8 +147,10 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         .take()
         .expect("a started broker has its server");
     let result = server.await;
-    // Leases claimed ahead for pops that will not come are released, not left to run out.
+    // Leases claimed ahead for pops that will not come are released, not left to run out; so
+    // are the Kafka groups this broker coordinates.
     broker.state.ahead.release_all().await;
+    broker.release_kafka().await;
     broker.shutdown();
     result.map_err(StartError::Server)
 }
@@ -500,8 +517,8 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
     }
     let server = server.run();
     let mut arbiters = vec![committer_arbiter, partition_arbiter];
-    let kafka_port = match &settings.kafka {
-        None => None,
+    let (kafka_port, kafka) = match &settings.kafka {
+        None => (None, None),
         Some(kafka_settings) => {
             let kafka_addr = format!("{}:{}", settings.host, kafka_settings.port);
             let listener =
@@ -533,18 +550,32 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
                     .map(|k| k.groups.snapshot())
                     .unwrap_or_default()
             }));
+            // A node id before the first client connects; when PostgreSQL is away the keeper
+            // below registers once it answers (Metadata answers LEADER_NOT_AVAILABLE meanwhile).
+            let registering = crate::kafka::cluster::register(&kafka);
+            match tokio::time::timeout(settings.connect_timeout * 2, registering).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "Kafka broker not registered yet; retrying");
+                }
+                Err(_) => tracing::warn!("Kafka broker not registered yet (timed out); retrying"),
+            }
             let ticking = kafka.clone();
+            let keeping = kafka.clone();
+            let serving = kafka.clone();
             kafka_arbiters[0].spawn(async move {
                 tokio::task::spawn_local(crate::kafka::groups::tick_loop(ticking));
-                crate::kafka::serve(listener, kafka, threads).await;
+                tokio::task::spawn_local(crate::kafka::cluster::keep(keeping));
+                crate::kafka::serve(listener, serving, threads).await;
             });
             arbiters.extend(kafka_arbiters);
             tracing::info!(
                 port = kafka_port,
                 advertised_host = %kafka_settings.advertised_host,
+                node_id = kafka.cluster.node_id(),
                 "Kafka listener serving"
             );
-            Some(kafka_port)
+            (Some(kafka_port), Some(kafka))
         }
     };
     tracing::info!(
@@ -567,6 +598,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         primary,
         tls,
         kafka_port,
+        kafka,
         arbiters,
         listener,
         private_cluster,

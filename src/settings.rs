@@ -180,9 +180,10 @@ variables! {
     QUEEN_TLS_CERT_FILE, "queen_tls_cert_file", Absent("unset: plain HTTP"), Path, "PEM file of the HTTP listener's certificate chain (its own certificate first, then the intermediates); with `QUEEN_TLS_KEY_FILE` the listener serves HTTPS only, and SIGHUP reads both files again (docs/operations.md, \"TLS\")";
     QUEEN_TLS_KEY_FILE, "queen_tls_key_file", Absent("unset: plain HTTP"), Path, "PEM file of the private key of `QUEEN_TLS_CERT_FILE` (PKCS#8, PKCS#1 or SEC1; not encrypted)";
     QUEEN_KAFKA_PORT, "queen_kafka_port", Absent("unset: no Kafka listener"), Port, "port of the Kafka listener on `HOST` (0 picks a free one): Kafka clients produce and consume the same queues and partitions (docs/kafka.md)";
-    QUEEN_KAFKA_ADVERTISED_HOST, "queen_kafka_advertised_host", Absent("`HOST`, or `127.0.0.1` when that is `0.0.0.0`"), Text, "the host the Kafka listener names in its metadata answers (every broker names itself the leader of every partition and the coordinator of every group)";
+    QUEEN_KAFKA_ADVERTISED_HOST, "queen_kafka_advertised_host", Absent("`HOST`, or `127.0.0.1` when that is `0.0.0.0`"), Text, "the host the Kafka listener names in its metadata and FindCoordinator answers, and that the other brokers on the database name for it: the address Kafka clients reach this broker at";
     QUEEN_KAFKA_DEFAULT_PARTITIONS, "queen_kafka_default_partitions", Value("1"), Count, "partitions of a topic created by a Kafka produce or metadata request that names it (CreateTopics sets its own count)";
     QUEEN_KAFKA_MAX_FRAME_BYTES, "queen_kafka_max_frame_bytes", Value("104857600"), Bytes, "a Kafka request larger than this closes its connection (other connections are served on)";
+    QUEEN_KAFKA_COORDINATOR_LEASE_MS, "queen_kafka_coordinator_lease_ms", Value("10000"), Millis, "how long a broker's hold on a Kafka group's coordination, and its place in Kafka metadata, lasts unrenewed (it renews every third of it): when a broker dies, another takes its groups after at most this long and their members rejoin there (docs/kafka.md, \"Several brokers\"); 1000 to 600000";
     LOG_LEVEL, "log_level", Value("info"), Choice(super::LOG_LEVELS), "log level; `RUST_LOG` refines it";
     LOG_FORMAT, "log_format", Value("text"), Choice(super::LOG_FORMATS), "log lines as text, or one JSON object per line";
     QUEEN_METRICS, "queen_metrics", Value("true"), Bool, "count requests, messages and commits for `/metrics` (`false` leaves the counters and histograms at zero; gauges are still read)";
@@ -738,6 +739,8 @@ pub struct KafkaSettings {
     pub default_partitions: i32,
     /// Largest request frame.
     pub max_frame_bytes: usize,
+    /// How long a hold on a group's coordination (and a broker's registration) lasts unrenewed.
+    pub coordinator_lease: Duration,
 }
 
 /// The certificate chain and private key of the HTTP listener (`crate::tls` reads them).
@@ -1203,6 +1206,14 @@ fn kafka_settings(src: &Source) -> Result<Option<KafkaSettings>, SettingsError> 
             "at least 1024 bytes",
         ));
     }
+    let coordinator_lease = src.duration(&QUEEN_KAFKA_COORDINATOR_LEASE_MS)?;
+    if !(Duration::from_secs(1)..=Duration::from_secs(600)).contains(&coordinator_lease) {
+        return Err(invalid(
+            &QUEEN_KAFKA_COORDINATOR_LEASE_MS,
+            &coordinator_lease.as_millis().to_string(),
+            "1000 to 600000 milliseconds",
+        ));
+    }
     let Some(port) = port else {
         return Ok(None);
     };
@@ -1213,6 +1224,7 @@ fn kafka_settings(src: &Source) -> Result<Option<KafkaSettings>, SettingsError> 
         advertised_host,
         default_partitions,
         max_frame_bytes: usize::try_from(max_frame).unwrap_or(usize::MAX),
+        coordinator_lease,
     }))
 }
 
@@ -1571,6 +1583,16 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("QUEEN_KAFKA_PORT"), "{err}");
+        assert_eq!(kafka.coordinator_lease, Duration::from_secs(10));
+        for bad in ["999", "600001", "0"] {
+            let err = Settings::from_map(env(&[
+                ("QUEEN_KAFKA_PORT", "9092"),
+                ("QUEEN_KAFKA_COORDINATOR_LEASE_MS", bad),
+            ]))
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("QUEEN_KAFKA_COORDINATOR_LEASE_MS"), "{err}");
+        }
     }
 
     #[test]

@@ -115,7 +115,7 @@ pub struct AppState {
     pub undecryptable: Arc<crate::storage::queues::undecryptable::Stops>,
     /// This broker's ephemeral queues (memory only; `crate::ephemeral`).
     pub ephemeral: Arc<EphemeralStore>,
-    /// The Kafka groups with members on this broker, for the views (`crate::kafka` fills it).
+    /// The Kafka groups this broker coordinates, for the views (`crate::kafka` fills it).
     pub kafka_members: Arc<KafkaMembership>,
 }
 
@@ -132,7 +132,7 @@ pub struct KafkaMember {
     pub assigned: Vec<(String, Vec<i32>)>,
 }
 
-/// One Kafka group with members on this broker.
+/// One Kafka group this broker coordinates.
 #[derive(Debug, Clone, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct KafkaGroupMembers {
@@ -150,7 +150,7 @@ pub struct KafkaGroupMembers {
     pub members: Vec<KafkaMember>,
 }
 
-/// The Kafka group membership of this broker (memory only: docs/kafka.md), read through a
+/// The Kafka groups this broker coordinates (memory only: docs/kafka.md), read through a
 /// function the Kafka listener sets when it starts, so the HTTP views can show it without
 /// knowing the listener.
 #[derive(Default)]

@@ -4,10 +4,12 @@
 //! Offsets are the groups' cursors in PostgreSQL (`partition_consumers.committed_offset`,
 //! `storage::kafka`): a Kafka group and an HTTP consumer group of the same name share them,
 //! and every broker sees them. Membership (who is in a group, its generation, the leader's
-//! assignment) is held in this broker's memory, as Kafka's coordinator holds it: the client
-//! side assignor does the assigning (any protocol, cooperative-sticky included) and the
-//! coordinator relays its metadata and the leader's assignment. Since every broker names
-//! itself the coordinator, the members of one group must use the same broker (docs/kafka.md).
+//! assignment) is held in the memory of the group's coordinator, as Kafka's coordinator holds
+//! it: the client side assignor does the assigning (any protocol, cooperative-sticky included)
+//! and the coordinator relays its metadata and the leader's assignment. Which broker
+//! coordinates a group is decided in PostgreSQL (`crate::kafka::cluster`): a group request
+//! reaching another broker is answered `NOT_COORDINATOR`, and a broker whose hold on a group
+//! ran out (or was taken over) drops the group's membership at once.
 //!
 //! A rebalance completes when every known member has joined again, or when the longest
 //! rebalance timeout of the members ran out (members that did not join are dropped); an empty
@@ -43,8 +45,9 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use crate::kafka::cluster::{coordinate, coordinator_of};
 use crate::kafka::metadata::{storage_code, topic_counts};
-use crate::kafka::{code, Kafka, NODE_ID};
+use crate::kafka::{code, Kafka};
 use crate::state::{KafkaGroupMembers, KafkaMember};
 use crate::storage::kafka as store;
 
@@ -201,15 +204,87 @@ impl Group {
     }
 }
 
-/// Every group's membership on this broker.
+/// Every group's membership on this broker, and until when this broker holds each group it
+/// coordinates (`crate::kafka::cluster`). A group is in memory only while held: the tick drops
+/// one whose hold ran out. Locks are taken in the order `groups`, then `holds`.
 #[derive(Default)]
 pub struct Coordinator {
     groups: Mutex<HashMap<String, Group>>,
+    holds: Mutex<HashMap<String, Instant>>,
 }
 
 impl Coordinator {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Group>> {
         self.groups.lock().expect("group coordinator lock poisoned")
+    }
+
+    fn holds_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.holds.lock().expect("group holds lock poisoned")
+    }
+
+    /// Whether this broker holds `group` now.
+    pub fn holds(&self, group: &str) -> bool {
+        self.holds_lock()
+            .get(group)
+            .is_some_and(|until| *until > Instant::now())
+    }
+
+    /// Notes that this broker holds `group` until `until`.
+    pub fn hold(&self, group: &str, until: Instant) {
+        self.holds_lock().insert(group.to_string(), until);
+    }
+
+    /// Notes that this broker holds each of `groups` until `until`.
+    pub fn hold_all(&self, groups: &[String], until: Instant) {
+        let mut holds = self.holds_lock();
+        for g in groups {
+            holds.insert(g.clone(), until);
+        }
+    }
+
+    /// The groups with membership in memory (those whose hold is renewed).
+    pub fn held(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    /// Stops coordinating `names`: forgets the holds and the membership; members waiting in a
+    /// join or a sync are answered `NOT_COORDINATOR`, the others hear it at their next request.
+    pub fn give_up(&self, names: &[String]) {
+        let mut groups = self.lock();
+        let mut holds = self.holds_lock();
+        for name in names {
+            holds.remove(name);
+            if let Some(group) = groups.remove(name) {
+                Self::dismiss(group);
+            }
+        }
+    }
+
+    /// Stops coordinating every group (a clean stop).
+    pub fn give_up_all(&self) {
+        let mut groups = self.lock();
+        self.holds_lock().clear();
+        for (_, group) in groups.drain() {
+            Self::dismiss(group);
+        }
+    }
+
+    /// Answers the members of a group this broker stops coordinating that wait.
+    fn dismiss(group: Group) {
+        for (_, m) in group.members {
+            if let Some(tx) = m.join_waiter {
+                let _ = tx.send(Joined {
+                    error: code::NOT_COORDINATOR,
+                    generation: -1,
+                    protocol: None,
+                    leader: String::new(),
+                    members: Vec::new(),
+                });
+            }
+            if let Some(tx) = m.sync_waiter {
+                let _ = tx.send((code::NOT_COORDINATOR, Bytes::new()));
+            }
+        }
     }
 
     /// Every group with its members and their assigned partitions, by group id (the views:
@@ -244,6 +319,22 @@ impl Coordinator {
     pub fn tick(&self) {
         let now = Instant::now();
         let mut groups = self.lock();
+        let ran_out: Vec<String> = {
+            let mut holds = self.holds_lock();
+            holds.retain(|_, until| *until > now);
+            groups
+                .keys()
+                .filter(|g| !holds.contains_key(*g))
+                .cloned()
+                .collect()
+        };
+        for name in ran_out {
+            if let Some(group) = groups.remove(&name) {
+                tracing::warn!(group = %name,
+                    "Kafka group given up: this broker's hold on it ran out unrenewed");
+                Self::dismiss(group);
+            }
+        }
         for (name, group) in groups.iter_mut() {
             let expired: Vec<String> = group
                 .members
@@ -292,39 +383,46 @@ fn text(s: &StrBytes) -> String {
     s.to_string()
 }
 
-/// FindCoordinator: this broker, for every group (transactions are not served).
+/// FindCoordinator: the broker coordinating each group (`crate::kafka::cluster`: this one when
+/// it holds the group or nobody does); transaction coordinators are not served.
 pub async fn find_coordinator(
     kafka: &Kafka,
     request: FindCoordinatorRequest,
     version: i16,
 ) -> FindCoordinatorResponse {
-    let host = StrBytes::from_string(kafka.settings.advertised_host.clone());
-    let port = i32::from(kafka.port);
-    let error = if request.key_type == 0 {
-        code::NONE
+    let keys: Vec<StrBytes> = if version >= 4 {
+        request.coordinator_keys
     } else {
-        code::COORDINATOR_NOT_AVAILABLE
+        vec![request.key]
     };
+    let mut found = Vec::with_capacity(keys.len());
+    for key in keys {
+        let mut c = CoordinatorEntry::default();
+        c.node_id = BrokerId(-1);
+        c.port = -1;
+        if request.key_type != 0 {
+            c.error_code = code::COORDINATOR_NOT_AVAILABLE;
+        } else {
+            match coordinator_of(kafka, key.as_str()).await {
+                Ok(broker) => {
+                    c.node_id = BrokerId(broker.node_id);
+                    c.host = StrBytes::from_string(broker.host);
+                    c.port = broker.port;
+                }
+                Err(error) => c.error_code = error,
+            }
+        }
+        c.key = key;
+        found.push(c);
+    }
     let mut response = FindCoordinatorResponse::default();
     if version >= 4 {
-        response.coordinators = request
-            .coordinator_keys
-            .into_iter()
-            .map(|key| {
-                let mut c = CoordinatorEntry::default();
-                c.key = key;
-                c.node_id = BrokerId(NODE_ID);
-                c.host = host.clone();
-                c.port = port;
-                c.error_code = error;
-                c
-            })
-            .collect();
-    } else {
-        response.error_code = error;
-        response.node_id = BrokerId(NODE_ID);
-        response.host = host;
-        response.port = port;
+        response.coordinators = found;
+    } else if let Some(c) = found.pop() {
+        response.error_code = c.error_code;
+        response.node_id = c.node_id;
+        response.host = c.host;
+        response.port = c.port;
     }
     response
 }
@@ -346,6 +444,11 @@ pub async fn join_group(
     let session = u64::try_from(request.session_timeout_ms).unwrap_or(0);
     if !(1_000..=3_600_000).contains(&session) {
         response.error_code = code::INVALID_SESSION_TIMEOUT;
+        return response;
+    }
+    let coordinating = coordinate(kafka, &group_id).await;
+    if coordinating != code::NONE {
+        response.error_code = coordinating;
         return response;
     }
     let session_timeout = Duration::from_millis(session);
@@ -452,6 +555,11 @@ pub async fn sync_group(
     response.protocol_type = request.protocol_type.clone();
     response.protocol_name = request.protocol_name.clone();
     let member_id = text(&request.member_id);
+    let coordinating = coordinate(kafka, request.group_id.0.as_str()).await;
+    if coordinating != code::NONE {
+        response.error_code = coordinating;
+        return response;
+    }
     let (rx, wait) = {
         let mut groups = kafka.groups.lock();
         let Some(group) = groups.get_mut(request.group_id.0.as_str()) else {
@@ -528,6 +636,11 @@ pub async fn heartbeat(
     _version: i16,
 ) -> HeartbeatResponse {
     let mut response = HeartbeatResponse::default();
+    let coordinating = coordinate(kafka, request.group_id.0.as_str()).await;
+    if coordinating != code::NONE {
+        response.error_code = coordinating;
+        return response;
+    }
     let mut groups = kafka.groups.lock();
     let member_id = text(&request.member_id);
     let Some(group) = groups.get_mut(request.group_id.0.as_str()) else {
@@ -563,6 +676,11 @@ pub async fn leave_group(
     } else {
         vec![text(&request.member_id)]
     };
+    let coordinating = coordinate(kafka, request.group_id.0.as_str()).await;
+    if coordinating != code::NONE {
+        response.error_code = coordinating;
+        return response;
+    }
     let mut groups = kafka.groups.lock();
     let Some(group) = groups.get_mut(request.group_id.0.as_str()) else {
         response.error_code = code::UNKNOWN_MEMBER_ID;
@@ -600,9 +718,11 @@ pub async fn leave_group(
     response
 }
 
-/// OffsetCommit: sets the group's cursor on each partition. A commit naming a member and a
-/// generation this broker knows is checked against them (a member of an old generation
-/// must not move offsets another member now owns).
+/// OffsetCommit: sets the group's cursor on each partition. A commit naming a generation goes
+/// to the group's coordinator (elsewhere: `NOT_COORDINATOR`), and is checked against the
+/// member and generation it knows (a member of an old generation must not move offsets
+/// another member now owns). A commit with generation -1 (a consumer assigning partitions
+/// itself) is taken by any broker.
 pub async fn offset_commit(
     kafka: &Kafka,
     request: OffsetCommitRequest,
@@ -610,7 +730,14 @@ pub async fn offset_commit(
 ) -> OffsetCommitResponse {
     let group_id = request.group_id.0.to_string();
     let member_id = text(&request.member_id);
-    let membership_error = {
+    let coordinating = if request.generation_id_or_member_epoch >= 0 && !group_id.is_empty() {
+        coordinate(kafka, &group_id).await
+    } else {
+        code::NONE
+    };
+    let membership_error = if coordinating != code::NONE {
+        coordinating
+    } else {
         let groups = kafka.groups.lock();
         match groups.get(&group_id) {
             Some(group) if request.generation_id_or_member_epoch >= 0 => {
@@ -867,8 +994,8 @@ fn state_name(phase: Phase) -> &'static str {
     }
 }
 
-/// ListGroups: the groups with members on this broker (their offsets are in PostgreSQL either
-/// way; a group whose members use another broker is listed there).
+/// ListGroups: the groups this broker coordinates (clients ask every broker of the cluster and
+/// merge the lists, as with Kafka).
 pub async fn list_groups(
     kafka: &Kafka,
     request: ListGroupsRequest,
@@ -900,18 +1027,25 @@ pub async fn list_groups(
 }
 
 /// DescribeGroups: state, protocol and members (with their metadata and assignment) of each
-/// group; a group without members on this broker is `Dead`, as Kafka describes an unknown one.
+/// group this broker coordinates; a group without members here is `Dead`, as Kafka describes
+/// an unknown one, and a group another broker coordinates is `NOT_COORDINATOR`.
 pub async fn describe_groups(
     kafka: &Kafka,
     request: DescribeGroupsRequest,
     _version: i16,
 ) -> DescribeGroupsResponse {
     let mut response = DescribeGroupsResponse::default();
+    let mut coordinating = Vec::with_capacity(request.groups.len());
+    for id in &request.groups {
+        coordinating.push(coordinate(kafka, id.0.as_str()).await);
+    }
     let groups = kafka.groups.lock();
-    for id in request.groups {
+    for (id, error) in request.groups.into_iter().zip(coordinating) {
         let mut d = DescribedGroup::default();
         d.authorized_operations = i32::MIN;
+        d.error_code = error;
         match groups.get(id.0.as_str()) {
+            _ if error != code::NONE => {}
             None => d.group_state = StrBytes::from_static_str("Dead"),
             Some(g) => {
                 d.group_state = StrBytes::from_static_str(state_name(g.phase));

@@ -1,6 +1,8 @@
-//! Metadata, CreateTopics and DeleteTopics: topics are queues, and this broker names itself
-//! the leader of every partition (every broker on the database is equal; a client that asks
-//! another broker hears the same of that one).
+//! Metadata, CreateTopics and DeleteTopics: topics are queues. Metadata lists the brokers on
+//! the database (`crate::kafka::cluster`) and names the broker answering the leader of every
+//! partition: every broker serves every partition, so a client fetches and produces through
+//! whichever broker it last asked (a client that asks another broker hears the same of that
+//! one, and after a broker dies the next answer names a live one).
 //!
 //! A topic named in a Metadata request (when the client allows it) or a Produce that does not
 //! exist is created with `QUEEN_KAFKA_DEFAULT_PARTITIONS` partitions, as Kafka's
@@ -17,7 +19,8 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
-use crate::kafka::{code, valid_topic, Kafka, NODE_ID};
+use crate::kafka::cluster;
+use crate::kafka::{code, valid_topic, Kafka};
 use crate::storage::kafka as store;
 use crate::storage::StorageError;
 
@@ -71,7 +74,7 @@ pub async fn topic_counts(
     Ok(found)
 }
 
-fn topic_entry(name: &str, partitions: i32, error: i16) -> MetadataResponseTopic {
+fn topic_entry(node: i32, name: &str, partitions: i32, error: i16) -> MetadataResponseTopic {
     let mut topic = MetadataResponseTopic::default();
     topic.name = Some(TopicName(StrBytes::from_string(name.to_string())));
     topic.error_code = error;
@@ -80,19 +83,19 @@ fn topic_entry(name: &str, partitions: i32, error: i16) -> MetadataResponseTopic
         .map(|i| {
             let mut p = MetadataResponsePartition::default();
             p.partition_index = i;
-            p.leader_id = BrokerId(NODE_ID);
+            p.leader_id = BrokerId(node);
             // -1: no leader epochs, so clients do not validate offsets with
             // OffsetForLeaderEpoch (not served).
             p.leader_epoch = -1;
-            p.replica_nodes = vec![BrokerId(NODE_ID)];
-            p.isr_nodes = vec![BrokerId(NODE_ID)];
+            p.replica_nodes = vec![BrokerId(node)];
+            p.isr_nodes = vec![BrokerId(node)];
             p
         })
         .collect();
     topic
 }
 
-/// Metadata: this broker, and the topics asked for (every queue when the request names none).
+/// Metadata: the brokers, and the topics asked for (every queue when the request names none).
 pub async fn metadata(kafka: &Kafka, request: MetadataRequest, version: i16) -> MetadataResponse {
     metadata_creating(kafka, request, version, true).await
 }
@@ -106,14 +109,32 @@ pub async fn metadata_creating(
     may_create: bool,
 ) -> MetadataResponse {
     let mut response = MetadataResponse::default();
-    let mut broker = MetadataResponseBroker::default();
-    broker.node_id = BrokerId(NODE_ID);
-    broker.host = StrBytes::from_string(kafka.settings.advertised_host.clone());
-    broker.port = i32::from(kafka.port);
-    response.brokers = vec![broker];
+    response.brokers = cluster::brokers(kafka)
+        .into_iter()
+        .map(|b| {
+            let mut broker = MetadataResponseBroker::default();
+            broker.node_id = BrokerId(b.node_id);
+            broker.host = StrBytes::from_string(b.host);
+            broker.port = b.port;
+            broker
+        })
+        .collect();
     response.cluster_id = Some(StrBytes::from_static_str(CLUSTER_ID));
-    response.controller_id = BrokerId(NODE_ID);
     response.cluster_authorized_operations = i32::MIN;
+    // Not registered yet (PostgreSQL was away at the start): no node id to name as a leader;
+    // LEADER_NOT_AVAILABLE is retriable.
+    let Some(node) = kafka.cluster.node_id() else {
+        response.controller_id = BrokerId(-1);
+        if let Some(topics) = request.topics {
+            response.topics = topics
+                .into_iter()
+                .filter_map(|t| t.name)
+                .map(|n| topic_entry(-1, n.0.as_str(), 0, code::LEADER_NOT_AVAILABLE))
+                .collect();
+        }
+        return response;
+    };
+    response.controller_id = BrokerId(node);
     // v0: an empty list means every topic; v1+: null means every topic.
     let named: Option<Vec<String>> = match request.topics {
         None => None,
@@ -137,7 +158,7 @@ pub async fn metadata_creating(
                     response.topics = topics
                         .into_iter()
                         .filter(|t| valid_topic(&t.name))
-                        .map(|t| topic_entry(&t.name, t.partitions, code::NONE))
+                        .map(|t| topic_entry(node, &t.name, t.partitions, code::NONE))
                         .collect();
                 }
                 Err(e) => {
@@ -150,16 +171,21 @@ pub async fn metadata_creating(
                 response.topics = names
                     .iter()
                     .map(|n| match counts.get(n) {
-                        Some(p) => topic_entry(n, *p, code::NONE),
-                        None if !valid_topic(n) => topic_entry(n, 0, code::INVALID_TOPIC_EXCEPTION),
-                        None => topic_entry(n, 0, code::UNKNOWN_TOPIC_OR_PARTITION),
+                        Some(p) => topic_entry(node, n, *p, code::NONE),
+                        None if !valid_topic(n) => {
+                            topic_entry(node, n, 0, code::INVALID_TOPIC_EXCEPTION)
+                        }
+                        None => topic_entry(node, n, 0, code::UNKNOWN_TOPIC_OR_PARTITION),
                     })
                     .collect();
             }
             Err(e) => {
                 tracing::warn!(error = %e, "Kafka metadata: reading topics failed");
                 // LEADER_NOT_AVAILABLE is retriable: the client asks again.
-                response.topics = names.iter().map(|n| topic_entry(n, 0, 5)).collect();
+                response.topics = names
+                    .iter()
+                    .map(|n| topic_entry(node, n, 0, code::LEADER_NOT_AVAILABLE))
+                    .collect();
             }
         },
     }

@@ -11,6 +11,8 @@
 //! - [`fetch`]: Fetch (long poll) and ListOffsets.
 //! - [`groups`]: the group coordinator (FindCoordinator, JoinGroup, SyncGroup, Heartbeat,
 //!   LeaveGroup) and OffsetCommit/OffsetFetch on the groups' cursors.
+//! - [`cluster`]: the brokers on one database as one Kafka cluster: node ids, the broker list,
+//!   and which broker coordinates each group (leases in PostgreSQL).
 //! - [`sasl`]: SaslHandshake and SaslAuthenticate (PLAIN, OAUTHBEARER) with the HTTP gate's
 //!   JWT verifier, and where a connection's authentication stands.
 //! - [`access`]: the capability each API requires (the HTTP route table's) and its refusal.
@@ -21,6 +23,7 @@
 //! `storage::kafka` and `storage::queues::reads`.
 
 pub mod access;
+pub mod cluster;
 pub mod compression;
 pub mod conn;
 pub mod fetch;
@@ -52,6 +55,8 @@ pub mod code {
     pub const OFFSET_OUT_OF_RANGE: i16 = 1;
     /// A record batch that does not decode.
     pub const CORRUPT_MESSAGE: i16 = 2;
+    /// The partition has no leader now (retriable: the client asks Metadata again).
+    pub const LEADER_NOT_AVAILABLE: i16 = 5;
     /// No such topic or partition.
     pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
     /// A request's records are larger than the broker takes at once.
@@ -60,6 +65,8 @@ pub mod code {
     pub const REQUEST_TIMED_OUT: i16 = 7;
     /// The coordinator is not available (retriable).
     pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
+    /// Another broker coordinates the group: find its coordinator again (retriable).
+    pub const NOT_COORDINATOR: i16 = 16;
     /// An invalid topic name.
     pub const INVALID_TOPIC_EXCEPTION: i16 = 17;
     /// The generation is not the group's current one.
@@ -102,9 +109,6 @@ pub mod code {
     pub const GROUP_ID_NOT_FOUND: i16 = 69;
 }
 
-/// The node id every broker gives itself (each one names itself the leader of everything).
-pub const NODE_ID: i32 = 0;
-
 /// What every Kafka connection can reach.
 pub struct Kafka {
     /// The broker's shared state (registry, pools, wake hub, settings).
@@ -113,8 +117,10 @@ pub struct Kafka {
     pub settings: KafkaSettings,
     /// The port the listener is bound to (what metadata advertises).
     pub port: u16,
-    /// Group membership (this broker's memory; docs/kafka.md).
+    /// Membership of the groups this broker coordinates (its memory; docs/kafka.md).
     pub groups: groups::Coordinator,
+    /// This broker's node id and the other brokers on the database.
+    pub cluster: cluster::Cluster,
     /// Request bytes held by all connections, in KiB: bounds memory however many connect.
     pub frame_budget: Semaphore,
     /// The HTTP gate's token verifier; `None` when JWT auth is off (SASL then checks only
@@ -141,6 +147,7 @@ impl Kafka {
             settings,
             port,
             groups: groups::Coordinator::default(),
+            cluster: cluster::Cluster::new(),
             frame_budget: Semaphore::new(budget_kib),
             verifier,
             secret: OnceCell::new(),

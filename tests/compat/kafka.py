@@ -1,6 +1,7 @@
 """Kafka clients against the broker's Kafka listener (docs/kafka.md).
 
     python tests/compat/kafka.py HTTP_PORT KAFKA_PORT
+    python tests/compat/kafka.py two-brokers KAFKA_PORT KAFKA_PORT_2 PID_1
 
 Runs, with confluent-kafka (librdkafka) and kafka-python from PyPI:
 - produce with keys and headers, once per compression codec (none, gzip, snappy, lz4, zstd),
@@ -10,12 +11,24 @@ Runs, with confluent-kafka (librdkafka) and kafka-python from PyPI:
   that resumes from the committed offset (nothing twice, nothing lost);
 - cross-protocol: an HTTP push fetched over Kafka, a Kafka produce popped over HTTP;
 - kafka-python: produce and consume in a group with commit.
-Exits non-zero on the first failed check.
+With `two-brokers` (two brokers on one database, docs/kafka.md "Several brokers"; the first one's
+process id last, as this script kills it):
+- Metadata on each broker lists both; the group's coordinator is the broker asked first;
+- kafka-python: two consumers of one group, each bootstrapped to a different broker;
+- confluent-kafka: two consumers of one group, each bootstrapped to a different broker, consume
+  a topic of 4 partitions with a commit per record and a rebalance: every record committed once,
+  in offset order per partition; then one leaves, the coordinator's broker is killed (SIGKILL),
+  and the remaining consumer finishes from the committed offsets once the other broker took
+  the group (the time it took is printed).
+Exits non-zero when a check failed.
 """
 
 import json
 import os
+import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -26,10 +39,15 @@ import uuid
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 
-HTTP_PORT = int(sys.argv[1])
-KAFKA_PORT = int(sys.argv[2])
+TWO_BROKERS = len(sys.argv) > 1 and sys.argv[1] == "two-brokers"
+if TWO_BROKERS:
+    KAFKA_PORT, KAFKA_PORT_2, PID_1 = (int(a) for a in sys.argv[2:5])
+    BOOTSTRAP_2 = f"127.0.0.1:{KAFKA_PORT_2}"
+else:
+    HTTP_PORT = int(sys.argv[1])
+    KAFKA_PORT = int(sys.argv[2])
+    HTTP = f"http://127.0.0.1:{HTTP_PORT}"
 BOOTSTRAP = f"127.0.0.1:{KAFKA_PORT}"
-HTTP = f"http://127.0.0.1:{HTTP_PORT}"
 
 failures = 0
 
@@ -284,8 +302,268 @@ def kafka_python_flows():
     check(again == [], "kafka-python: a committed group reads nothing again")
 
 
-confluent_flows()
-kafka_python_flows()
+def in_order_once(seen, records, partitions):
+    """Whether `seen` ({partition: [n, ...]}) holds each of `records` (n on partition n % partitions)
+    once, in offset order per partition."""
+    return all(seen.get(p, []) == [n for n in records if n % partitions == p]
+               for p in range(partitions))
+
+
+def two_brokers_kafka_python():
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.admin import KafkaAdminClient, NewTopic as KpNewTopic
+
+    t = topic("kp-two")
+    admin = KafkaAdminClient(bootstrap_servers=BOOTSTRAP)
+    admin.create_topics([KpNewTopic(t, num_partitions=2, replication_factor=1)])
+    admin.close()
+    group = topic("kp-two-g")
+    seen, by, assignments = {}, set(), {}
+    lock = threading.Lock()
+    stop_file = os.path.join(tempfile.mkdtemp(), "stop")
+
+    # Each consumer in a process of its own, as two applications would run them, polling for up
+    # to 1 s: with 200 ms polls kafka-python 3.0.12's group leader now and then (about 1 run in
+    # 4, in one process or two) receives its SyncGroup answer and never applies it (no
+    # assignment, no heartbeats; the coordinator drops it after the session timeout).
+    def member(who, bootstrap):
+        child = subprocess.Popen([sys.executable, "-c", KP_MEMBER, bootstrap, t, group, stop_file],
+                                 stdout=subprocess.PIPE, text=True)
+        for line in child.stdout:
+            event = json.loads(line)
+            with lock:
+                if "assigned" in event:
+                    assignments[who] = set(event["assigned"])
+                else:
+                    seen.setdefault(event["p"], []).append(event["n"])
+                    by.add(who)
+        child.wait(20)
+
+    threads = [threading.Thread(target=member, args=(who, b))
+               for who, b in ((0, BOOTSTRAP), (1, BOOTSTRAP_2))]
+    for th in threads:
+        th.start()
+
+    def split():
+        with lock:
+            return sorted(len(assignments.get(w, ())) for w in (0, 1)) == [1, 1]
+
+    deadline = time.time() + 60
+    while not split() and time.time() < deadline:
+        time.sleep(0.1)
+    check(split(), f"kafka-python, two brokers: each consumer of the group got one of the 2 "
+                   f"partitions ({assignments})")
+    p = KafkaProducer(bootstrap_servers=BOOTSTRAP_2)
+    for i in range(40):
+        p.send(t, value=json.dumps({"n": i}).encode(), partition=i % 2)
+    p.flush(10)
+    p.close()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        with lock:
+            if sum(len(v) for v in seen.values()) >= 40:
+                break
+        time.sleep(0.1)
+    time.sleep(1.0)
+    open(stop_file, "w").close()
+    for th in threads:
+        th.join(30)
+    check(in_order_once(seen, range(40), 2) and by == {0, 1},
+          f"kafka-python, two brokers: 40 records once each, in order, by both consumers "
+          f"({sum(len(v) for v in seen.values())} seen, by {sorted(by)})")
+
+
+# One kafka-python group member: prints its assignment when it changes and each record it
+# reads (one JSON object a line), commits after each batch, and leaves once the stop file exists.
+KP_MEMBER = """
+import json, os, sys
+sys.path = [p for p in sys.path if p not in ("", ".")]
+from kafka import KafkaConsumer
+bootstrap, topic, group, stop_file = sys.argv[1:5]
+c = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group,
+                  auto_offset_reset="earliest", enable_auto_commit=False,
+                  session_timeout_ms=6000, heartbeat_interval_ms=500)
+assigned = None
+while not os.path.exists(stop_file):
+    batch = c.poll(timeout_ms=1000)
+    now = sorted(tp.partition for tp in c.assignment())
+    if now != assigned:
+        assigned = now
+        print(json.dumps({"assigned": now}), flush=True)
+    for tp, msgs in batch.items():
+        for m in msgs:
+            print(json.dumps({"p": tp.partition, "n": json.loads(m.value)["n"]}), flush=True)
+    if batch:
+        c.commit()
+c.close()
+"""
+
+
+def two_brokers_failover():
+    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    admin_2 = AdminClient({"bootstrap.servers": BOOTSTRAP_2})
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        ports = [sorted(b.port for b in a.list_topics(timeout=10).brokers.values())
+                 for a in (admin, admin_2)]
+        if ports == [sorted([KAFKA_PORT, KAFKA_PORT_2])] * 2:
+            break
+        time.sleep(0.5)
+    check(ports == [sorted([KAFKA_PORT, KAFKA_PORT_2])] * 2,
+          f"Metadata on each broker lists both ({ports})")
+
+    two_brokers_kafka_python()
+
+    parts, first, later = 4, 200, 100
+    t = topic("two")
+    admin.create_topics([NewTopic(t, num_partitions=parts, replication_factor=1)])[t].result(10)
+    p = Producer({"bootstrap.servers": BOOTSTRAP, "linger.ms": 5})
+    for i in range(first):
+        p.produce(t, value=json.dumps({"n": i}).encode(), partition=i % parts)
+    p.flush(10)
+    group = topic("two-g")
+    seen = {}          # partition -> [n, ...] of the records whose commit succeeded
+    who = {}           # member -> records it committed
+    events = []        # (member, "assign" | "revoke" | "lost", partitions)
+    assigned = {}      # member -> its partitions now
+    commits_after_kill = []
+    killed_at = []
+    lock = threading.Lock()
+    stop = {"a": threading.Event(), "b": threading.Event()}
+    hold = threading.Event()   # set: members poll nothing (no commit in flight at the kill)
+    idle = {"a": threading.Event(), "b": threading.Event()}
+
+    def member(name, bootstrap, delay):
+        time.sleep(delay)
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                      "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                      "session.timeout.ms": 6000, "heartbeat.interval.ms": 300,
+                      "partition.assignment.strategy": "cooperative-sticky"})
+
+        def changed(kind):
+            def cb(consumer, tps):
+                with lock:
+                    events.append((name, kind, sorted(tp.partition for tp in tps)))
+                    now = set(assigned.get(name, set()))
+                    now = now | {tp.partition for tp in tps} if kind == "assign" else \
+                        now - {tp.partition for tp in tps}
+                    assigned[name] = now
+            return cb
+
+        c.subscribe([t], on_assign=changed("assign"), on_revoke=changed("revoke"),
+                    on_lost=changed("lost"))
+        while not stop[name].is_set():
+            if hold.is_set():
+                idle[name].set()
+                time.sleep(0.05)
+                continue
+            idle[name].clear()
+            m = c.poll(0.2)
+            if m is None or m.error():
+                continue
+            try:
+                c.commit(message=m, asynchronous=False)
+            except KafkaException:
+                # Not committed: read it again (its owner, whoever that is next, starts at
+                # the committed offset; this member goes back to it meanwhile).
+                try:
+                    c.seek(TopicPartition(t, m.partition(), m.offset()))
+                except KafkaException:
+                    pass
+                time.sleep(0.1)
+                continue
+            with lock:
+                seen.setdefault(m.partition(), []).append(json.loads(m.value())["n"])
+                who[name] = who.get(name, 0) + 1
+                if killed_at:
+                    commits_after_kill.append(time.time())
+            time.sleep(0.01)  # slow enough that the second member joins mid-way
+        c.close()
+
+    def committed_count():
+        with lock:
+            return sum(len(v) for v in seen.values())
+
+    threads = {"a": threading.Thread(target=member, args=("a", BOOTSTRAP, 0)),
+               "b": threading.Thread(target=member, args=("b", BOOTSTRAP_2, 1.0))}
+    for th in threads.values():
+        th.start()
+    deadline = time.time() + 90
+    while committed_count() < first and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)  # anything delivered twice would show now
+    described = admin_2.describe_consumer_groups([group])[group].result(10)
+    check(len(described.members) == 2 and described.coordinator.port == KAFKA_PORT,
+          f"two members; asked through the second broker, the coordinator is the first "
+          f"({len(described.members)} members, coordinator port {described.coordinator.port})")
+    with lock:
+        check(in_order_once(seen, range(first), parts),
+              f"two brokers: {first} records committed once each, in order per partition "
+              f"({sum(len(v) for v in seen.values())} committed)")
+        check(who.get("a", 0) > 0 and who.get("b", 0) > 0,
+              f"two brokers: both consumers committed records ({who})")
+        check(any(e[0] == "a" and e[1] == "revoke" for e in events),
+              f"two brokers: the first consumer handed partitions over when the second joined "
+              f"({events})")
+
+    # The first consumer leaves; the second gets every partition.
+    stop["a"].set()
+    threads["a"].join(20)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        with lock:
+            if assigned.get("b") == set(range(parts)):
+                break
+        time.sleep(0.1)
+    with lock:
+        check(assigned.get("b") == set(range(parts)),
+              f"after the first consumer left the second holds every partition ({assigned.get('b')})")
+
+    # The coordinator's broker dies; the remaining consumer goes on through the other one.
+    hold.set()
+    idle["b"].wait(10)
+    os.kill(PID_1, signal.SIGKILL)
+    killed = time.time()
+    with lock:
+        killed_at.append(killed)
+    hold.clear()
+    p = Producer({"bootstrap.servers": BOOTSTRAP_2, "linger.ms": 5})
+    for i in range(first, first + later):
+        p.produce(t, value=json.dumps({"n": i}).encode(), partition=i % parts)
+    p.flush(10)
+    deadline = time.time() + 120
+    while committed_count() < first + later and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    stop["b"].set()
+    threads["b"].join(30)
+    with lock:
+        resumed = commits_after_kill[0] - killed if commits_after_kill else None
+        check(in_order_once(seen, range(first + later), parts),
+              f"after the kill: {first + later} records committed once each, in order per "
+              f"partition ({sum(len(v) for v in seen.values())} committed)")
+        print(f"kafka: failover: first commit {resumed and round(resumed, 1)} s after the "
+              f"coordinator's broker was killed; {len(events)} assignment changes "
+              f"({sum(1 for e in events if e[1] == 'lost')} lost): {events}")
+    described = admin_2.describe_consumer_groups([group])[group].result(10)
+    check(described.coordinator.port == KAFKA_PORT_2,
+          f"the second broker coordinates the group now (port {described.coordinator.port})")
+    c = Consumer({"bootstrap.servers": BOOTSTRAP_2, "group.id": group})
+    committed = c.committed([TopicPartition(t, i) for i in range(parts)], timeout=10)
+    c.close()
+    want = (first + later) // parts
+    check([tp.offset for tp in committed] == [want] * parts,
+          f"committed offsets at the end: {[tp.offset for tp in committed]}")
+
+
+if TWO_BROKERS:
+    two_brokers_failover()
+else:
+    confluent_flows()
+    kafka_python_flows()
 if failures:
     print(f"kafka: {failures} check(s) failed")
     sys.exit(1)

@@ -6,7 +6,11 @@
 # - tests/compat/kafka.py with confluent-kafka and kafka-python (requirements-kafka.txt): every
 #   compression codec, keys and headers, an idempotent producer, a group that commits and
 #   resumes, a rebalance between two members, HTTP push → Kafka fetch, Kafka produce → HTTP pop;
-# then a second broker with JWT_ENABLED=true (same database), where
+# then a second plain broker on the same database, and tests/compat/kafka.py two-brokers: Metadata
+# lists both, consumers of one group bootstrapped to different brokers (kafka-python;
+# confluent-kafka with a rebalance), then the first broker (the group's coordinator) is killed
+# and the remaining consumer finishes through the second from the committed offsets;
+# then a broker with JWT_ENABLED=true (on a database of its own in the same server), where
 # - kcat authenticates with SASL PLAIN (an HS256 token as the password): -L, -P, -C;
 # - tests/compat/kafka_sasl.py: confluent-kafka with SASL PLAIN and with OAUTHBEARER (oauth_cb),
 #   a forged token refused, a write-only token that may not consume, a short-lived token
@@ -26,9 +30,11 @@ broker_bin=${QUEEN_BROKER_BIN:-$target/release/queen-broker}
 
 tmp=$(mktemp -d -t queen-compat-kafka-XXXXXX)
 broker_pid=""
+second_pid=""
 auth_pid=""
 cleanup() {
     if [ -n "$broker_pid" ]; then kill "$broker_pid" 2>/dev/null || true; wait "$broker_pid" 2>/dev/null || true; fi
+    if [ -n "$second_pid" ]; then kill "$second_pid" 2>/dev/null || true; wait "$second_pid" 2>/dev/null || true; fi
     if [ -n "$auth_pid" ]; then kill "$auth_pid" 2>/dev/null || true; wait "$auth_pid" 2>/dev/null || true; fi
     stop_private_pg
     rm -rf "$tmp"
@@ -76,7 +82,7 @@ status=0
 if command -v kcat >/dev/null; then
     bootstrap=127.0.0.1:$kafka_port
     topic=kcat-$RANDOM$RANDOM
-    kcat -b "$bootstrap" -L | grep -q "broker 0 at 127.0.0.1:$kafka_port" \
+    kcat -b "$bootstrap" -L | grep -qE "broker [0-9]+ at 127.0.0.1:$kafka_port" \
         && echo "compat-kafka: ok   kcat -L lists this broker" \
         || { echo "compat-kafka: FAIL kcat -L"; status=1; }
     printf 'k1:{"n":1}\nk2:plain text\nk3:{"n":3}\n' | kcat -b "$bootstrap" -P -t "$topic" -K: \
@@ -121,13 +127,51 @@ if [ "$status" -ne 0 ]; then
     tail -n 50 "$tmp/broker.log" >&2
 fi
 
-# A second broker on the same database with JWT auth on: the Kafka listener demands SASL.
+# A second broker on the same database: one Kafka cluster. kafka.py kills the first broker (the
+# coordinator of its groups) with SIGKILL half-way; the second stops cleanly afterwards, which
+# releases its registration and groups.
+second_port=$(free_port)
+second_kafka_port=$(free_port)
+mkdir -p "$tmp/spool-second"
+HOST=127.0.0.1 PORT=$second_port QUEEN_KAFKA_PORT=$second_kafka_port FILE_BUFFER_DIR="$tmp/spool-second" \
+    LOG_LEVEL=${LOG_LEVEL:-info} QUEEN_CONFIG="" \
+    "$broker_bin" >"$tmp/broker-second.log" 2>&1 &
+second_pid=$!
+wait_healthy "$second_port"
+echo "compat-kafka: second broker on port $second_port, Kafka on $second_kafka_port"
+two_status=0
+"$venv/bin/python" "$root/tests/compat/kafka.py" two-brokers "$kafka_port" "$second_kafka_port" "$broker_pid" \
+    || two_status=$?
+wait "$broker_pid" 2>/dev/null || true
+broker_pid=""
+kill "$second_pid" 2>/dev/null || true
+wait "$second_pid" 2>/dev/null || true
+second_pid=""
+if grep -q "Kafka broker and its groups released" "$tmp/broker-second.log"; then
+    echo "compat-kafka: ok   the second broker released its groups on a clean stop"
+else
+    echo "compat-kafka: FAIL the second broker did not release its groups on a clean stop"
+    two_status=1
+fi
+if [ "$two_status" -ne 0 ]; then
+    echo "compat-kafka: two brokers, logs (last 30 lines each):" >&2
+    tail -n 30 "$tmp/broker.log" "$tmp/broker-second.log" >&2
+    status=1
+fi
+
+# A broker with JWT auth on: the Kafka listener demands SASL. On a database of its own: brokers
+# on one database form one Kafka cluster (docs/kafka.md, "Several brokers"), and one without
+# auth must not be listed to these clients.
 secret="compat-kafka-secret-$RANDOM$RANDOM-of-at-least-32-bytes"
+db_base=${DATABASE_URL%%\?*}
+sasl_url="${db_base%/*}/queen_kafka_sasl${DATABASE_URL#"$db_base"}"
+"${psql_bin:-psql}" -X -q -v ON_ERROR_STOP=1 "$DATABASE_URL" \
+    -c "DROP DATABASE IF EXISTS queen_kafka_sasl" -c "CREATE DATABASE queen_kafka_sasl"
 auth_port=$(free_port)
 auth_kafka_port=$(free_port)
 mkdir -p "$tmp/spool-auth"
 HOST=127.0.0.1 PORT=$auth_port QUEEN_KAFKA_PORT=$auth_kafka_port FILE_BUFFER_DIR="$tmp/spool-auth" \
-    JWT_ENABLED=true JWT_SECRET="$secret" \
+    DATABASE_URL="$sasl_url" JWT_ENABLED=true JWT_SECRET="$secret" \
     LOG_LEVEL=${LOG_LEVEL:-warn} QUEEN_CONFIG="" \
     "$broker_bin" >"$tmp/broker-auth.log" 2>&1 &
 auth_pid=$!
@@ -148,7 +192,7 @@ PY
 )
     sasl=(-X security.protocol=SASL_PLAINTEXT -X sasl.mechanisms=PLAIN -X sasl.username=kcat -X "sasl.password=$jwt")
     topic=kcat-sasl-$RANDOM$RANDOM
-    kcat -b "$bootstrap" "${sasl[@]}" -L | grep -q "broker 0 at 127.0.0.1:$auth_kafka_port" \
+    kcat -b "$bootstrap" "${sasl[@]}" -L | grep -qE "broker [0-9]+ at 127.0.0.1:$auth_kafka_port" \
         && echo "compat-kafka: ok   kcat SASL PLAIN -L lists this broker" \
         || { echo "compat-kafka: FAIL kcat SASL PLAIN -L"; auth_status=1; }
     printf 'k1:{"n":1}\nk2:plain text\n' | kcat -b "$bootstrap" "${sasl[@]}" -P -t "$topic" -K: \

@@ -18,11 +18,13 @@ use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProdu
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, ApiVersionsResponse, BrokerId, CreateTopicsRequest,
     CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse, EndTxnRequest, EndTxnResponse,
-    FetchRequest, FetchResponse, GroupId, InitProducerIdRequest, InitProducerIdResponse,
+    FetchRequest, FetchResponse, FindCoordinatorRequest, FindCoordinatorResponse, GroupId,
+    HeartbeatRequest, HeartbeatResponse, InitProducerIdRequest, InitProducerIdResponse,
     JoinGroupRequest, JoinGroupResponse, ListGroupsRequest, ListGroupsResponse, ListOffsetsRequest,
-    ListOffsetsResponse, MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse,
+    ListOffsetsResponse, MetadataRequest, MetadataResponse, OffsetCommitRequest,
+    OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse, ProduceRequest, ProduceResponse,
     ProducerId, RequestHeader, ResponseHeader, SaslAuthenticateRequest, SaslAuthenticateResponse,
-    SaslHandshakeRequest, SaslHandshakeResponse, TopicName,
+    SaslHandshakeRequest, SaslHandshakeResponse, SyncGroupRequest, SyncGroupResponse, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use kafka_protocol::records::{
@@ -1285,4 +1287,387 @@ async fn the_kafka_views_show_topics_offsets_groups_lag_and_members() {
     assert_eq!(none.body["total"], 0);
     assert_eq!(none.body["groups"], json!([]));
     assert_eq!(app.get("/api/v1/kafka/groups?limit=x").await.status, 400);
+}
+
+// Several brokers on one database (docs/kafka.md, "Several brokers"): one coordinator per group,
+// chosen in PostgreSQL, and a failover when it dies.
+
+fn group_id(name: &str) -> GroupId {
+    GroupId(StrBytes::from_string(name.to_string()))
+}
+
+async fn find_coordinator(conn: &mut Conn, group: &str) -> FindCoordinatorResponse {
+    let mut find = FindCoordinatorRequest::default();
+    find.key = StrBytes::from_string(group.to_string());
+    conn.call(ApiKey::FindCoordinator, 3, &find).await
+}
+
+async fn join(conn: &mut Conn, group: &str, member: &str) -> JoinGroupResponse {
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    let mut join = JoinGroupRequest::default();
+    join.group_id = group_id(group);
+    join.member_id = StrBytes::from_string(member.to_string());
+    join.session_timeout_ms = 10_000;
+    join.rebalance_timeout_ms = 10_000;
+    join.protocol_type = StrBytes::from_static_str("consumer");
+    let mut protocol = JoinGroupRequestProtocol::default();
+    protocol.name = StrBytes::from_static_str("range");
+    protocol.metadata = Bytes::from_static(b"subscription");
+    join.protocols = vec![protocol];
+    conn.call(ApiKey::JoinGroup, 5, &join).await
+}
+
+async fn sync(
+    conn: &mut Conn,
+    group: &str,
+    generation: i32,
+    member: &str,
+    assignments: &[(&str, &'static [u8])],
+) -> SyncGroupResponse {
+    use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
+    let mut sync = SyncGroupRequest::default();
+    sync.group_id = group_id(group);
+    sync.generation_id = generation;
+    sync.member_id = StrBytes::from_string(member.to_string());
+    sync.assignments = assignments
+        .iter()
+        .map(|(id, bytes)| {
+            let mut a = SyncGroupRequestAssignment::default();
+            a.member_id = StrBytes::from_string(id.to_string());
+            a.assignment = Bytes::from_static(bytes);
+            a
+        })
+        .collect();
+    conn.call(ApiKey::SyncGroup, 3, &sync).await
+}
+
+async fn heartbeat(conn: &mut Conn, group: &str, generation: i32, member: &str) -> i16 {
+    let mut beat = HeartbeatRequest::default();
+    beat.group_id = group_id(group);
+    beat.generation_id = generation;
+    beat.member_id = StrBytes::from_string(member.to_string());
+    let answer: HeartbeatResponse = conn.call(ApiKey::Heartbeat, 3, &beat).await;
+    answer.error_code
+}
+
+/// Commits `offset` on partition `partition` of `topic` as `member` of `generation`; answers
+/// the partition's error code.
+async fn commit(
+    conn: &mut Conn,
+    group: &str,
+    generation: i32,
+    member: &str,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+) -> i16 {
+    use kafka_protocol::messages::offset_commit_request::{
+        OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+    };
+    let mut commit = OffsetCommitRequest::default();
+    commit.group_id = group_id(group);
+    commit.generation_id_or_member_epoch = generation;
+    commit.member_id = StrBytes::from_string(member.to_string());
+    let mut t = OffsetCommitRequestTopic::default();
+    t.name = TopicName(StrBytes::from_string(topic.to_string()));
+    let mut p = OffsetCommitRequestPartition::default();
+    p.partition_index = partition;
+    p.committed_offset = offset;
+    t.partitions = vec![p];
+    commit.topics = vec![t];
+    let answer: OffsetCommitResponse = conn.call(ApiKey::OffsetCommit, 8, &commit).await;
+    answer.topics[0].partitions[0].error_code
+}
+
+async fn committed_offsets(
+    conn: &mut Conn,
+    group: &str,
+    topic: &str,
+    partitions: &[i32],
+) -> Vec<i64> {
+    use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
+    let mut fetch = OffsetFetchRequest::default();
+    fetch.group_id = group_id(group);
+    let mut t = OffsetFetchRequestTopic::default();
+    t.name = TopicName(StrBytes::from_string(topic.to_string()));
+    t.partition_indexes = partitions.to_vec();
+    fetch.topics = Some(vec![t]);
+    let answer: OffsetFetchResponse = conn.call(ApiKey::OffsetFetch, 5, &fetch).await;
+    assert_eq!(answer.error_code, 0);
+    answer.topics[0]
+        .partitions
+        .iter()
+        .map(|p| p.committed_offset)
+        .collect()
+}
+
+async fn create_topic(conn: &mut Conn, name: &'static str, partitions: i32) {
+    let mut create = CreateTopicsRequest::default();
+    let mut topic = CreatableTopic::default();
+    topic.name = TopicName(StrBytes::from_static_str(name));
+    topic.num_partitions = partitions;
+    topic.replication_factor = 1;
+    create.topics = vec![topic];
+    create.timeout_ms = 5000;
+    let created: CreateTopicsResponse = conn.call(ApiKey::CreateTopics, 7, &create).await;
+    assert_eq!(created.topics[0].error_code, 0);
+}
+
+#[actix_web::test]
+async fn two_brokers_share_one_coordinator_per_group_and_hand_it_over_when_it_dies() {
+    const LEASE_MS: u64 = 2000;
+    let db = fresh_db().await;
+    let lease = [("QUEEN_KAFKA_COORDINATOR_LEASE_MS", "2000")];
+    let (a, a_port) = kafka_app(&db, &lease).await;
+    let (b, b_port) = kafka_app(&db, &lease).await;
+    let a_node = a.broker.kafka_node_id().expect("A registered at start");
+    let b_node = b.broker.kafka_node_id().expect("B registered at start");
+    assert_ne!(a_node, b_node, "each broker has a node id of its own");
+    let mut on_a = Conn::open(a_port).await;
+    let mut on_b = Conn::open(b_port).await;
+    create_topic(&mut on_a, "shared-orders", 2).await;
+    let waited = Instant::now();
+
+    // Metadata on either broker lists both (once B renewed its list), and B names itself the
+    // leader of what it answers about.
+    let mut request = MetadataRequest::default();
+    let mut t = MetadataRequestTopic::default();
+    t.name = Some(TopicName(StrBytes::from_static_str("shared-orders")));
+    request.topics = Some(vec![t]);
+    let listed = loop {
+        let answer: MetadataResponse = on_b.call(ApiKey::Metadata, 12, &request).await;
+        if answer.brokers.len() == 2 {
+            break answer;
+        }
+        assert!(
+            Instant::now() < waited + Duration::from_secs(5),
+            "B does not list A"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let brokers: Vec<(i32, i32)> = listed
+        .brokers
+        .iter()
+        .map(|b| (b.node_id.0, b.port))
+        .collect();
+    assert!(
+        brokers.contains(&(a_node, i32::from(a_port))),
+        "{brokers:?}"
+    );
+    assert!(
+        brokers.contains(&(b_node, i32::from(b_port))),
+        "{brokers:?}"
+    );
+    assert_eq!(listed.controller_id, BrokerId(b_node));
+    assert_eq!(listed.topics[0].partitions.len(), 2);
+    assert_eq!(listed.topics[0].partitions[1].leader_id, BrokerId(b_node));
+
+    // The first FindCoordinator claims the group for the broker asked; the other answers it.
+    let found = find_coordinator(&mut on_a, "shared").await;
+    assert_eq!((found.error_code, found.node_id), (0, BrokerId(a_node)));
+    assert_eq!(found.port, i32::from(a_port));
+    let found = find_coordinator(&mut on_b, "shared").await;
+    assert_eq!((found.error_code, found.node_id), (0, BrokerId(a_node)));
+    assert_eq!(
+        (found.host.as_str(), found.port),
+        ("127.0.0.1", i32::from(a_port))
+    );
+    let mut batched = FindCoordinatorRequest::default();
+    batched.coordinator_keys = vec![
+        StrBytes::from_static_str("shared"),
+        StrBytes::from_static_str("b-only"),
+    ];
+    let answer: FindCoordinatorResponse = on_b.call(ApiKey::FindCoordinator, 4, &batched).await;
+    let nodes: Vec<(i16, i32)> = answer
+        .coordinators
+        .iter()
+        .map(|c| (c.error_code, c.node_id.0))
+        .collect();
+    assert_eq!(nodes, vec![(0, a_node), (0, b_node)]);
+
+    // Group requests on the other broker are refused, so the client finds the coordinator.
+    let refused = join(&mut on_b, "shared", "").await;
+    assert_eq!(refused.error_code, 16, "NOT_COORDINATOR");
+    assert_eq!(
+        commit(&mut on_b, "shared", 1, "m", "shared-orders", 0, 1).await,
+        16
+    );
+    assert_eq!(heartbeat(&mut on_b, "shared", 1, "m").await, 16);
+
+    // Two members, one bootstrapped on each broker, both at the coordinator A.
+    let mut m1 = Conn::open(a_port).await;
+    let found = find_coordinator(&mut on_b, "shared").await;
+    let mut m2 = Conn::open(u16::try_from(found.port).expect("a port")).await;
+    let first = join(&mut m1, "shared", "").await;
+    assert_eq!(first.error_code, 0);
+    let m1_id = first.member_id.to_string();
+    assert_eq!(first.leader.as_str(), m1_id);
+    let synced = sync(
+        &mut m1,
+        "shared",
+        first.generation_id,
+        &m1_id,
+        &[(&m1_id, b"p0 p1")],
+    )
+    .await;
+    assert_eq!(
+        (synced.error_code, synced.assignment.as_ref()),
+        (0, &b"p0 p1"[..])
+    );
+    let (second, rejoined) = tokio::join!(join(&mut m2, "shared", ""), async {
+        // m1 hears of the rebalance in its heartbeat and joins again.
+        let mut beats = 0;
+        while heartbeat(&mut m1, "shared", first.generation_id, &m1_id).await != 27 {
+            beats += 1;
+            assert!(beats < 100, "no rebalance within 5 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        join(&mut m1, "shared", &m1_id).await
+    });
+    assert_eq!((second.error_code, rejoined.error_code), (0, 0));
+    assert_eq!(second.generation_id, rejoined.generation_id);
+    assert_eq!(rejoined.generation_id, first.generation_id + 1);
+    assert_eq!(rejoined.leader.as_str(), m1_id, "m1 leads");
+    assert_eq!(rejoined.members.len(), 2);
+    let generation = rejoined.generation_id;
+    let m2_id = second.member_id.to_string();
+    let assignments = [(m1_id.as_str(), &b"p0"[..]), (m2_id.as_str(), &b"p1"[..])];
+    let (s1, s2) = tokio::join!(
+        sync(&mut m1, "shared", generation, &m1_id, &assignments),
+        sync(&mut m2, "shared", generation, &m2_id, &[])
+    );
+    assert_eq!((s1.error_code, s1.assignment.as_ref()), (0, &b"p0"[..]));
+    assert_eq!((s2.error_code, s2.assignment.as_ref()), (0, &b"p1"[..]));
+    assert_eq!(
+        commit(&mut m1, "shared", generation, &m1_id, "shared-orders", 0, 3).await,
+        0
+    );
+    assert_eq!(
+        commit(&mut m2, "shared", generation, &m2_id, "shared-orders", 1, 4).await,
+        0
+    );
+    assert_eq!(
+        commit(
+            &mut m2,
+            "shared",
+            generation - 1,
+            &m2_id,
+            "shared-orders",
+            1,
+            9
+        )
+        .await,
+        22,
+        "ILLEGAL_GENERATION"
+    );
+
+    // A dies (no clean stop): B keeps naming it until its lease runs out, then takes over.
+    a.broker.handle.stop(false).await;
+    a.broker.shutdown();
+    let died = Instant::now();
+    let found = find_coordinator(&mut on_b, "shared").await;
+    assert_eq!(found.node_id, BrokerId(a_node), "A's lease still runs");
+    let took_over = loop {
+        let found = find_coordinator(&mut on_b, "shared").await;
+        if found.node_id == BrokerId(b_node) {
+            assert_eq!(found.port, i32::from(b_port));
+            break died.elapsed();
+        }
+        assert!(
+            died.elapsed() < Duration::from_secs(10),
+            "B did not take the group"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    eprintln!(
+        "coordinator failover: B took the group {took_over:?} after A died (lease {LEASE_MS} ms)"
+    );
+    assert!(
+        took_over <= Duration::from_millis(LEASE_MS + 1000),
+        "{took_over:?}"
+    );
+
+    // m2 rejoins at B: its old membership is unknown there, so it joins afresh and leads.
+    let mut m2 = Conn::open(b_port).await;
+    assert_eq!(
+        heartbeat(&mut m2, "shared", generation, &m2_id).await,
+        25,
+        "UNKNOWN_MEMBER_ID"
+    );
+    assert_eq!(join(&mut m2, "shared", &m2_id).await.error_code, 25);
+    let again = join(&mut m2, "shared", "").await;
+    assert_eq!(again.error_code, 0);
+    let m2_new = again.member_id.to_string();
+    assert_eq!(again.leader.as_str(), m2_new);
+    let synced = sync(
+        &mut m2,
+        "shared",
+        again.generation_id,
+        &m2_new,
+        &[(&m2_new, b"p0 p1")],
+    )
+    .await;
+    assert_eq!(
+        (synced.error_code, synced.assignment.as_ref()),
+        (0, &b"p0 p1"[..])
+    );
+    // The offsets committed at A are where the group resumes.
+    assert_eq!(
+        committed_offsets(&mut m2, "shared", "shared-orders", &[0, 1]).await,
+        vec![3, 4]
+    );
+    assert_eq!(
+        commit(
+            &mut m2,
+            "shared",
+            again.generation_id,
+            &m2_new,
+            "shared-orders",
+            0,
+            5
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        committed_offsets(&mut m2, "shared", "shared-orders", &[0, 1]).await,
+        vec![5, 4]
+    );
+    drop(b);
+}
+
+#[actix_web::test]
+async fn a_cleanly_stopped_broker_hands_its_groups_over_at_once() {
+    let db = fresh_db().await;
+    let (a, a_port) = kafka_app(&db, &[]).await;
+    let (b, b_port) = kafka_app(&db, &[]).await;
+    let b_node = b.broker.kafka_node_id().expect("B registered at start");
+    let mut on_a = Conn::open(a_port).await;
+    let mut on_b = Conn::open(b_port).await;
+    let joined = join(&mut on_a, "handed", "").await;
+    assert_eq!(joined.error_code, 0);
+    assert_eq!(join(&mut on_b, "handed", "").await.error_code, 16);
+
+    // The default lease is 10 s; a clean stop does not make the others wait for it.
+    let stopped = Instant::now();
+    a.broker.release_kafka().await;
+    let found = find_coordinator(&mut on_b, "handed").await;
+    assert_eq!((found.error_code, found.node_id), (0, BrokerId(b_node)));
+    assert!(
+        stopped.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        stopped.elapsed()
+    );
+    // The member still connected to A hears that A no longer coordinates.
+    assert_eq!(
+        heartbeat(
+            &mut on_a,
+            "handed",
+            joined.generation_id,
+            joined.member_id.as_str()
+        )
+        .await,
+        15
+    );
+    assert_eq!(join(&mut on_b, "handed", "").await.error_code, 0);
 }

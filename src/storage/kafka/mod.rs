@@ -2,8 +2,11 @@
 //! partition count, offsets by time, the offset a produced record was stored at, consumer
 //! group offsets as the groups' cursors (`partition_consumers.committed_offset`) and producer
 //! ids. Reading records by offset is `storage::queues::reads`, shared with `POST /api/v1/fetch`.
+//! [`coordinators`]: the brokers on this database and which one coordinates each group.
 //!
 //! Never decides anything about the Kafka protocol: it answers what is stored.
+
+pub mod coordinators;
 
 use broker_actors::PartitionKey;
 use chrono::{DateTime, Utc};

@@ -1,7 +1,7 @@
 //! What the Kafka views show (`GET /api/v1/kafka/topics`, `/api/v1/kafka/groups`;
 //! docs/kafka.md, "Views"): the topics made over Kafka with each partition's log start and end
 //! offsets, and the Kafka groups' committed offsets with their lag. Group membership is not
-//! here: it lives in the memory of the broker the members use (`crate::state::KafkaMembership`).
+//! here: it lives in the memory of the group's coordinator (`crate::state::KafkaMembership`).
 //!
 //! A topic here is a queue with a `kafka_topics` row (made by CreateTopics or auto-create); a
 //! queue made over HTTP is readable as a topic too but is not listed. A Kafka group is a
