@@ -78,12 +78,10 @@ async fn serve_frames(stream: &mut TcpStream, kafka: &Kafka) -> Result<(), Close
     let mut session = Session::new(kafka.verifier.is_some());
     loop {
         let mut size = [0u8; 4];
-        // A session that ends at its token's expiry is closed then, unless re-authenticated.
-        let wait = session.remaining().map_or(IDLE, |left| left.min(IDLE));
-        match tokio::time::timeout(wait, stream.read_exact(&mut size)).await {
-            Err(_) if session.remaining().is_some_and(|left| left.is_zero()) => {
-                return Err(Closed::Sasl(Refusal::Expired))
-            }
+        // A SASL session past its token's expiry is not closed while idle: as a Kafka broker
+        // does (KIP-368), the connection closes at its next request that is not a
+        // re-authentication (`Session::admit`), so a client re-authenticating late is not cut.
+        match tokio::time::timeout(IDLE, stream.read_exact(&mut size)).await {
             Err(_) => return Err(Closed::Idle),
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(Closed::Eof),
             Ok(r) => r?,
