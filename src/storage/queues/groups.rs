@@ -129,6 +129,16 @@ pub async fn list(conn: &mut PgConnection) -> Result<Vec<GroupSummary>, StorageE
     .map_err(StorageError::from)
 }
 
+/// The subscriptions `s` (with their queue `q`) whose group or queue name matches the pattern
+/// parameter `p` (NULL: all): the FROM and WHERE of the paged group lists.
+pub(crate) fn matching_pairs(p: &str) -> String {
+    format!(
+        "FROM queen.consumer_subscriptions s
+           JOIN queen.queues q ON q.id = s.queue_id
+          WHERE {p}::text IS NULL OR s.consumer_group ILIKE {p} OR q.name ILIKE {p}"
+    )
+}
+
 /// One page of the (group, queue) pairs, by group then queue name, of those whose group or
 /// queue name contains `search` (`storage::queues::catalog::contains_pattern`), with their
 /// lag, and how many pairs match in all. The lag is read for the page's pairs only.
@@ -145,10 +155,8 @@ pub async fn list_page(
     let pattern = search.map(contains_pattern);
     let matching = |p: &str| {
         format!(
-            "SELECT s.consumer_group, s.queue_id, q.name AS queue_name
-               FROM queen.consumer_subscriptions s
-               JOIN queen.queues q ON q.id = s.queue_id
-              WHERE {p}::text IS NULL OR s.consumer_group ILIKE {p} OR q.name ILIKE {p}"
+            "SELECT s.consumer_group, s.queue_id, q.name AS queue_name {}",
+            matching_pairs(p)
         )
     };
     let positions = scoped_positions(

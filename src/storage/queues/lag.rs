@@ -17,7 +17,7 @@ use crate::storage::consume::read::start_offset_sql;
 use crate::storage::error::StorageError;
 use crate::storage::queues::catalog::contains_pattern;
 use crate::storage::queues::groups::{
-    oldest_unconsumed_sql, GroupSummary, PairBacklog, PartitionLag, Spread,
+    matching_pairs, oldest_unconsumed_sql, GroupSummary, PairBacklog, PartitionLag, Spread,
 };
 
 /// Advisory lock (first key; the second is 0) held by the broker taking a pass.
@@ -462,12 +462,10 @@ pub async fn list_page(
     offset: i64,
 ) -> Result<(Vec<GroupSummary>, i64), StorageError> {
     let pattern = search.map(contains_pattern);
-    const MATCHING: &str = "FROM queen.consumer_subscriptions s
-           JOIN queen.queues q ON q.id = s.queue_id
-          WHERE $1::text IS NULL OR s.consumer_group ILIKE $1 OR q.name ILIKE $1";
+    let matching = matching_pairs("$1");
     let rows = sqlx::query_as(&format!(
         "SELECT {SUMMARY_COLUMNS}
-           FROM (SELECT s.* {MATCHING}
+           FROM (SELECT s.* {matching}
                   ORDER BY s.consumer_group, q.name
                   LIMIT $2 OFFSET $3) s
            JOIN queen.queues q ON q.id = s.queue_id
@@ -480,7 +478,7 @@ pub async fn list_page(
     .bind(offset)
     .fetch_all(&mut *conn)
     .await?;
-    let total: i64 = sqlx::query_scalar(&format!("SELECT count(*)::int8 {MATCHING}"))
+    let total: i64 = sqlx::query_scalar(&format!("SELECT count(*)::int8 {matching}"))
         .bind(&pattern)
         .fetch_one(conn)
         .await?;
