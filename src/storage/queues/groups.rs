@@ -339,7 +339,12 @@ pub async fn lag_summary(conn: &mut PgConnection) -> Result<(Spread, Spread), St
     .bind(None::<String>)
     .fetch_one(conn)
     .await?;
-    Ok((
+    Ok(spreads(r))
+}
+
+/// The time and offset [`Spread`]s of a row of eight: avg, median, min, max of each.
+pub(crate) fn spreads(r: (f64, f64, f64, f64, f64, f64, f64, f64)) -> (Spread, Spread) {
+    (
         Spread {
             avg: r.0,
             median: r.1,
@@ -352,7 +357,7 @@ pub async fn lag_summary(conn: &mut PgConnection) -> Result<(Spread, Spread), St
             min: r.6,
             max: r.7,
         },
-    ))
+    )
 }
 
 /// The backlog of one (queue, consumer group) pair.

@@ -17,7 +17,7 @@ use crate::storage::consume::read::start_offset_sql;
 use crate::storage::error::StorageError;
 use crate::storage::queues::catalog::contains_pattern;
 use crate::storage::queues::groups::{
-    matching_pairs, oldest_unconsumed_sql, GroupSummary, PairBacklog, PartitionLag, Spread,
+    matching_pairs, oldest_unconsumed_sql, spreads, GroupSummary, PairBacklog, PartitionLag, Spread,
 };
 
 /// Advisory lock (first key; the second is 0) held by the broker taking a pass.
@@ -535,22 +535,7 @@ pub async fn lag_summary(conn: &mut PgConnection) -> Result<(Spread, Spread), St
     )
     .fetch_optional(conn)
     .await?;
-    Ok(r.map_or((Spread::default(), Spread::default()), |r| {
-        (
-            Spread {
-                avg: r.0,
-                median: r.1,
-                min: r.2,
-                max: r.3,
-            },
-            Spread {
-                avg: r.4,
-                median: r.5,
-                min: r.6,
-                max: r.7,
-            },
-        )
-    }))
+    Ok(r.map_or((Spread::default(), Spread::default()), spreads))
 }
 
 /// [`crate::storage::queues::groups::largest_backlogs`] from the last pass.

@@ -20,7 +20,7 @@ use queen_broker::pg::{find_bin_dir, free_port, running_as_root};
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
-use crate::support::machine::{kill_group, kill_machine};
+use crate::support::machine::{kill_group, kill_machine, watchdog};
 
 /// The monitor's timing, shortened so that a failover takes seconds, not half a minute.
 const MONITOR_TIMING: [(&str, &str); 6] = [
@@ -350,26 +350,12 @@ impl Formation {
 
     /// A process that stops everything if this test process dies before the drop does.
     fn watchdog(&self) {
-        let script = format!(
-            "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; \
-             for p in $(pgrep -f '[p]g_autoctl.*{dir}'); do kill -s KILL -- $p; done; {stop}; \
+        watchdog(&format!(
+            "for p in $(pgrep -f '[p]g_autoctl.*{dir}'); do kill -s KILL -- $p; done; {stop}; \
              rm -rf {dir}",
-            pid = std::process::id(),
             dir = self.dir.display(),
             stop = self.stop_commands().join("; "),
-        );
-        #[expect(
-            clippy::zombie_processes,
-            reason = "the watchdog outlives this process on purpose; init reaps it"
-        )]
-        let _watchdog = Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("watchdog starts");
+        ));
     }
 }
 

@@ -52,3 +52,25 @@ fn postmaster_pid(pgdata: &Path) -> Option<u32> {
         .parse()
         .ok()
 }
+
+/// A shell that waits for this test process to end, however it ends, then runs `cleanup`
+/// (stopping an HA engine's processes and servers, removing its folder). It outlives this
+/// process on purpose; init reaps it.
+pub fn watchdog(cleanup: &str) {
+    let script = format!(
+        "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; {cleanup}",
+        pid = std::process::id()
+    );
+    #[expect(
+        clippy::zombie_processes,
+        reason = "the watchdog outlives this process on purpose; init reaps it"
+    )]
+    let _watchdog = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("watchdog starts");
+}

@@ -23,7 +23,7 @@ use serde_json::Value;
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
-use crate::support::machine::{kill_group, kill_machine};
+use crate::support::machine::{kill_group, kill_machine, watchdog};
 
 /// Patroni's timing (its defaults: 30 / 10 / 10 s). The leader renews its key every
 /// `loop_wait`; a replica takes over once the key has expired (`ttl`), so a dead leader is
@@ -405,26 +405,12 @@ postgresql:
     /// patroni and etcd processes started with this cluster's folder in their arguments, then
     /// each server.
     fn watchdog(&self) {
-        let script = format!(
-            "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; \
-             for p in $(pgrep -f '[p]atroni {dir}/') $(pgrep -f '[e]tcd .*{dir}/'); do \
+        watchdog(&format!(
+            "for p in $(pgrep -f '[p]atroni {dir}/') $(pgrep -f '[e]tcd .*{dir}/'); do \
              kill -s KILL -- $p; done; {stop}; rm -rf {dir}",
-            pid = std::process::id(),
             dir = self.dir.display(),
             stop = self.stop_servers().join("; "),
-        );
-        #[expect(
-            clippy::zombie_processes,
-            reason = "the watchdog outlives this process on purpose; init reaps it"
-        )]
-        let _watchdog = Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("watchdog starts");
+        ));
     }
 }
 
