@@ -864,7 +864,8 @@ async function kafkaPage(query) {
     });
     const head = h("tr", { "data-kafka-group": g.group },
       h("th", { scope: "row", rowspan: Math.max(1, g.offsets.length) }, g.group),
-      h("td", { rowspan: Math.max(1, g.offsets.length) }, g.state),
+      h("td", { rowspan: Math.max(1, g.offsets.length) }, g.state,
+        g.coordinator ? h("span", { class: "note" }, ` coordinator: node ${g.coordinator.nodeId} (${g.coordinator.host}:${g.coordinator.port})`) : ""),
       h("td", { rowspan: Math.max(1, g.offsets.length) }, members.length ? members.join(", ")
         : groups.membersKnown ? "none on this broker" : "unknown (Kafka listener off here)"),
       ...(g.offsets.length ? offsetCells(g.offsets[0]) : [h("td", { colspan: 5 }, "no committed offsets")]));

@@ -1222,8 +1222,24 @@ async fn kafka(client: &Client, cmd: KafkaCommand, json: bool) -> Result<(), Fai
                 } else {
                     "unknown".to_string()
                 };
+                let coordinator =
+                    g.get("coordinator")
+                        .filter(|c| c.is_object())
+                        .map_or("-".to_string(), |c| {
+                            format!(
+                                "{} ({}:{})",
+                                text(c.get("nodeId")),
+                                text(c.get("host")),
+                                text(c.get("port"))
+                            )
+                        });
                 let offsets = g.get("offsets").map(rows_of).unwrap_or_default();
-                let head = [text(g.get("group")), text(g.get("state")), members];
+                let head = [
+                    text(g.get("group")),
+                    text(g.get("state")),
+                    coordinator,
+                    members,
+                ];
                 if offsets.is_empty() {
                     rows.push(
                         head.iter()
@@ -1249,6 +1265,7 @@ async fn kafka(client: &Client, cmd: KafkaCommand, json: bool) -> Result<(), Fai
                 &[
                     "GROUP",
                     "STATE",
+                    "COORDINATOR",
                     "MEMBERS",
                     "TOPIC",
                     "PARTITION",

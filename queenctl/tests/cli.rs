@@ -792,7 +792,7 @@ fn kafka_topics_and_groups_from_a_broker_without_the_listener_and_from_a_fake_on
     let url = fake_server(
         "200 OK",
         "application/json",
-        r#"{"groups":[{"group":"billing","state":"Stable","members":[{"memberId":"m-1","instanceId":null,"assigned":[["orders",[0,1]]]}],"lag":7,"offsets":[{"topic":"orders","partition":0,"committedOffset":3,"endOffset":10,"lag":7}]}],"total":3,"limit":1,"offset":0,"membersKnown":true}"#,
+        r#"{"groups":[{"group":"billing","state":"Stable","members":[{"memberId":"m-1","instanceId":null,"assigned":[["orders",[0,1]]]}],"lag":7,"offsets":[{"topic":"orders","partition":0,"committedOffset":3,"endOffset":10,"lag":7}],"coordinator":{"nodeId":2,"host":"10.0.0.7","port":9092,"leaseUntil":"2026-12-06T04:00:00.000Z"}}],"total":3,"limit":1,"offset":0,"membersKnown":true}"#,
     );
     let o = queenctl(&url, &["kafka", "groups", "--limit", "1"])
         .output()
@@ -803,7 +803,18 @@ fn kafka_topics_and_groups_from_a_broker_without_the_listener_and_from_a_fake_on
     let cols: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(
         cols,
-        ["billing", "Stable", "m-1", "orders", "0", "3", "10", "7"],
+        [
+            "billing",
+            "Stable",
+            "2",
+            "(10.0.0.7:9092)",
+            "m-1",
+            "orders",
+            "0",
+            "3",
+            "10",
+            "7"
+        ],
         "{out}"
     );
     assert!(out.contains("(1-1 of 3 shown"), "{out}");

@@ -64,7 +64,9 @@ pub async fn topics(
 }
 
 /// `GET /api/v1/kafka/groups[?limit=50&offset=0&search=text]`: `membersKnown` is false when
-/// this broker's Kafka listener is off (members are in the memory of the broker they use).
+/// this broker's Kafka listener is off (members are in the memory of the broker they use);
+/// each group's `coordinator` names the broker holding it (node id, address, lease end), or is
+/// null when none does, so a group shown `Empty` here can be looked up where it lives.
 pub async fn groups(
     query: web::Query<HashMap<String, String>>,
     state: web::Data<AppState>,
@@ -77,7 +79,7 @@ pub async fn groups(
         .map(|g| (g.group.clone(), g.clone()))
         .collect();
     let here: Vec<String> = members.keys().cloned().collect();
-    let ((names, total), offsets) = with_db(&state, async {
+    let ((names, total), offsets, coordinators) = with_db(&state, async {
         let mut conn = state.admin_pool.acquire().await?;
         let named = kafka::group_names(
             &mut conn,
@@ -88,9 +90,22 @@ pub async fn groups(
         )
         .await?;
         let offsets = kafka::group_offsets(&mut conn, &named.0).await?;
-        Ok((named, offsets))
+        let coordinators = kafka::group_coordinators(&mut conn, &named.0).await?;
+        Ok((named, offsets, coordinators))
     })
     .await?;
+    let mut coordinator_of: HashMap<String, Value> = coordinators
+        .into_iter()
+        .map(|c| {
+            let v = json!({
+                "nodeId": c.node_id,
+                "host": c.host,
+                "port": c.port,
+                "leaseUntil": iso_millis(c.lease_until),
+            });
+            (c.group, v)
+        })
+        .collect();
     let mut by_group: HashMap<String, Vec<Value>> = HashMap::new();
     for o in offsets {
         by_group.entry(o.group.clone()).or_default().push(json!({
@@ -116,6 +131,7 @@ pub async fn groups(
                 "members": live.map(|g| g.members).unwrap_or_default(),
                 "lag": lag,
                 "offsets": offsets,
+                "coordinator": coordinator_of.remove(name).unwrap_or(Value::Null),
             })
         })
         .collect();

@@ -746,9 +746,34 @@ async fn declared_record_counts_and_compression_bombs_are_refused_without_the_me
         "MESSAGE_TOO_LARGE"
     );
 
-    // (Request arrays that declare billions of elements are sent by tests/compat/kafka.sh to
-    // the release binary: the codec reserves room for the declared count, which this test
-    // binary's allocator cannot reserve; docs/kafka.md, "Hostile input".)
+    // A record that declares 2^31 - 1 headers (the batch's lengths and checksum made right,
+    // so only the count is wrong): the codec (vendor/kafka-protocol) reserves no more room
+    // than the bytes left could hold, the batch is refused, and the broker goes on. Request
+    // arrays with such counts are in the hostile-frames test above.
+    let plain = batch(&[record(0, None, b"{}", None)], Compression::None);
+    assert_eq!(
+        (plain[61], plain[plain.len() - 1]),
+        (0x10, 0),
+        "one 8-byte record whose last byte is its header count"
+    );
+    let mut forged = BytesMut::from(&plain[..plain.len() - 1]);
+    forged.extend_from_slice(&[0xfe, 0xff, 0xff, 0xff, 0x0f]);
+    forged[61] = 0x18;
+    let length = i32::from_be_bytes(forged[8..12].try_into().expect("4 bytes")) + 4;
+    forged[8..12].copy_from_slice(&length.to_be_bytes());
+    let crc = crc32c(&forged[21..]);
+    forged[17..21].copy_from_slice(&crc.to_be_bytes());
+    let answer: ProduceResponse = conn
+        .call(
+            ApiKey::Produce,
+            9,
+            &produce_request("bombs", 0, forged.freeze(), -1),
+        )
+        .await;
+    assert_ne!(
+        answer.responses[0].partition_responses[0].error_code, 0,
+        "a record with a forged header count is refused"
+    );
 
     // Still serving, and nothing was stored.
     let v: ApiVersionsResponse = conn
@@ -1421,6 +1446,20 @@ async fn create_topic(conn: &mut Conn, name: &'static str, partitions: i32) {
     assert_eq!(created.topics[0].error_code, 0);
 }
 
+/// The coordinator `app`'s Kafka group view names for `group`: (node id, port).
+async fn coordinator_seen_from(app: &TestApp, group: &str) -> (Option<i64>, Option<i64>) {
+    let r = app
+        .get(&format!("/api/v1/kafka/groups?search={group}"))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let g = &r.body["groups"][0];
+    assert_eq!(g["group"], group, "{}", r.body);
+    (
+        g["coordinator"]["nodeId"].as_i64(),
+        g["coordinator"]["port"].as_i64(),
+    )
+}
+
 #[actix_web::test]
 async fn two_brokers_share_one_coordinator_per_group_and_hand_it_over_when_it_dies() {
     const LEASE_MS: u64 = 2000;
@@ -1569,6 +1608,12 @@ async fn two_brokers_share_one_coordinator_per_group_and_hand_it_over_when_it_di
         "ILLEGAL_GENERATION"
     );
 
+    // B's view names A as the coordinator of the group whose members live there.
+    assert_eq!(
+        coordinator_seen_from(&b, "shared").await,
+        (Some(i64::from(a_node)), Some(i64::from(a_port)))
+    );
+
     // A dies (no clean stop): B keeps naming it until its lease runs out, then takes over.
     a.broker.handle.stop(false).await;
     a.broker.shutdown();
@@ -1596,6 +1641,11 @@ async fn two_brokers_share_one_coordinator_per_group_and_hand_it_over_when_it_di
     );
 
     // m2 rejoins at B: its old membership is unknown there, so it joins afresh and leads.
+    // B's view now names B.
+    assert_eq!(
+        coordinator_seen_from(&b, "shared").await,
+        (Some(i64::from(b_node)), Some(i64::from(b_port)))
+    );
     let mut m2 = Conn::open(b_port).await;
     assert_eq!(
         heartbeat(&mut m2, "shared", generation, &m2_id).await,

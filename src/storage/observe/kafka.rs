@@ -208,3 +208,40 @@ pub async fn group_offsets(
     .fetch_all(conn)
     .await?)
 }
+
+/// The broker coordinating a Kafka group: the holder of the group's running lease
+/// (`queen.kafka_coordinators`, src/kafka/cluster.rs).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct GroupCoordinator {
+    /// Group id.
+    pub group: String,
+    /// The coordinating broker's Kafka node id.
+    pub node_id: i32,
+    /// The address it advertises to Kafka clients.
+    pub host: String,
+    /// Its Kafka port.
+    pub port: i32,
+    /// When its lease on the group runs out unless renewed (PostgreSQL's clock).
+    pub lease_until: DateTime<Utc>,
+}
+
+/// The coordinators of these groups whose lease is running (a group no broker holds, or
+/// whose holder's lease ran out, has none: the next FindCoordinator claims it).
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn group_coordinators(
+    conn: &mut PgConnection,
+    groups: &[String],
+) -> Result<Vec<GroupCoordinator>, StorageError> {
+    Ok(sqlx::query_as(
+        "SELECT c.group_id AS \"group\", c.node_id, b.host, b.port, c.lease_until
+           FROM queen.kafka_coordinators c
+           JOIN queen.kafka_brokers b ON b.node_id = c.node_id
+          WHERE c.group_id = ANY($1) AND c.lease_until > now()",
+    )
+    .bind(groups)
+    .fetch_all(conn)
+    .await?)
+}
