@@ -17,10 +17,12 @@
 //! live stream, with and without honouring the advised `waitMs`. The wire suite (when asked)
 //! pushes the same rows as JSON, `QPB1` and `QPB1` with zstd, and pops them as JSON and framed
 //! `QPF1`, with the broker's CPU per message (`wire`); the fan-out suite (when asked) has 1, 5,
-//! 10 consumer groups read one queue while producers push at a fixed rate (`fanout`).
+//! 10 consumer groups read one queue while producers push at a fixed rate (`fanout`); the kafka
+//! suite (when asked) produces and consumes with librdkafka through the broker's Kafka listener
+//! beside HTTP and beside Tansu on the same PostgreSQL (`kafka`).
 //!
 //! Modules, imports pointing down only: `main` (options, plan, rounds) → `scaling` and
-//! `autopilot` (those suites' plans and tables), `fanout` → `wire` → `report` → `runner` (one measurement: fresh database, dispatch) → the
+//! `autopilot` (those suites' plans and tables), `kafka` and `fanout` → `wire` → `report` → `runner` (one measurement: fresh database, dispatch) → the
 //! suites `push`, `spool`, `consume`, `brokers` →
 //! `measurement` (what a measurement produced) and `scenario` (what is measured) → `profile`,
 //! `db`, `traffic`, `load`, `broker` → `measure`, `http`, `data`.
@@ -33,6 +35,7 @@ mod data;
 mod db;
 mod fanout;
 mod http;
+mod kafka;
 mod load;
 mod measure;
 mod measurement;
@@ -89,7 +92,9 @@ struct Args {
     /// as JSON, QPB1 and QPB1 with zstd, pop+ack as JSON and framed QPF1, with broker CPU per
     /// message (~2 minutes a round). fanout (not run by default): push-only, then
     /// --fanout-groups consumer groups reading one queue while producers offer --fanout-pace %
-    /// of push-only.
+    /// of push-only. kafka (not run by default): librdkafka producing and consuming through the
+    /// broker's Kafka listener, beside the HTTP push and pop+ack of the same rows and beside
+    /// Tansu on the same PostgreSQL (when built, see --tansu-dir).
     #[arg(
         long,
         value_delimiter = ',',
@@ -232,6 +237,11 @@ struct Args {
     /// Rate the fan-out suite's producers offer, percent of the same round's push-only msg/s.
     #[arg(long, value_name = "PERCENT", default_value_t = 50)]
     fanout_pace: u32,
+    /// Where `bench/tansu/setup.sh` built Tansu (its `bin/tansu` and `schema.sql`), for the
+    /// kafka suite's Tansu rows [default: ~/.cache/queen-bench/tansu-0.6.0]; without it those
+    /// rows are left out, saying so.
+    #[arg(long, value_name = "DIR")]
+    tansu_dir: Option<PathBuf>,
     /// Print how long each setup step takes.
     #[arg(short, long)]
     verbose: bool,
@@ -283,6 +293,7 @@ struct Options {
     fanout_groups: Vec<usize>,
     fanout_consumers: usize,
     fanout_pace: u32,
+    tansu_dir: Option<PathBuf>,
 }
 
 /// The parts of the bench.
@@ -303,6 +314,8 @@ enum Suite {
     Wire,
     /// Consumer groups each reading one queue while producers push at a fixed rate.
     Fanout,
+    /// librdkafka through the broker's Kafka listener, beside HTTP and Tansu.
+    Kafka,
 }
 
 impl Options {
@@ -378,6 +391,7 @@ impl Options {
             },
             fanout_consumers: a.fanout_consumers,
             fanout_pace: a.fanout_pace,
+            tansu_dir: a.tansu_dir.or_else(kafka::default_tansu_dir),
         };
         if o.rounds == 0
             || o.connections == 0
@@ -749,6 +763,7 @@ async fn run_on(
 
     let wire_all = run_wire(server, o, &params, started).await?;
     let fanout_all = run_fanout(server, o, &params, started).await?;
+    let kafka_all = run_kafka(server, o, &params, started).await?;
 
     let rows = results.rows();
     let target_p = target_partitions(o);
@@ -864,6 +879,22 @@ async fn run_on(
         );
         println!("{}", fanout::table(&fanout_rows));
     }
+    let kafka_rows = kafka::rows(&kafka_all);
+    if !kafka_rows.is_empty() {
+        println!(
+            "Kafka (librdkafka through the broker and through Tansu on the same PostgreSQL, beside HTTP; {} partitions; produce: one librdkafka producer, HTTP: {} connections pushing {}; consume: {} group members / HTTP consumers popping {}; medians (min–max) of {} rounds, ratios per round against HTTP):",
+            wire::PARTITIONS,
+            params.connections,
+            wire::PUSH_BATCH,
+            kafka::CONSUMERS,
+            POP_BATCH,
+            o.rounds
+        );
+        println!("{}", kafka::table(&kafka_rows));
+        for (what, x, met) in kafka::goals(&kafka_rows) {
+            println!("{what}: {x:.2} ({})", if met { "met" } else { "missed" });
+        }
+    }
     println!("Targets (medians of per-round ratios, same run):");
     println!("{}", report::targets_text(&targets));
     if let Some(path) = &o.json {
@@ -899,6 +930,7 @@ async fn run_on(
                 "groups": o.fanout_groups, "consumers_per_group": o.fanout_consumers,
                 "pace_pct": o.fanout_pace, "rows": fanout_rows, "measurements": fanout_all,
             },
+            "kafka": { "rows": kafka_rows, "goals": kafka::goals(&kafka_rows), "measurements": kafka_all },
             "targets": targets,
             "measurements": results.all,
         });
@@ -953,6 +985,28 @@ async fn run_wire(
         }
     }
     Ok(all)
+}
+
+/// The kafka suite's rounds, when asked (Tansu's rows only when it is built).
+async fn run_kafka(
+    server: &mut db::Server,
+    o: &Options,
+    params: &Params,
+    started: Instant,
+) -> Result<Vec<kafka::KafkaMeasurement>, BoxError> {
+    if !o.suites.contains(&Suite::Kafka) {
+        return Ok(Vec::new());
+    }
+    let tansu = o.tansu_dir.as_deref().and_then(kafka::Tansu::find);
+    if tansu.is_none() {
+        eprintln!(
+            "bench: Tansu is not built in {}: its rows are left out (bash bench/tansu/setup.sh builds it)",
+            o.tansu_dir
+                .as_deref()
+                .map_or("(no home folder)".into(), |d| d.display().to_string())
+        );
+    }
+    kafka::run(server, params, o.rounds, tansu.as_ref(), started).await
 }
 
 /// The fan-out suite's rounds, when asked: push-only, then each group count (order rotated)
