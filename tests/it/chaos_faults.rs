@@ -548,6 +548,74 @@ async fn chaos_spool_disk_fills_while_postgresql_is_away() {
     assert!(app.spool_files().is_empty(), "the spool drained");
 }
 
+async fn select(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT 1").execute(conn).await.map(|_| ())
+}
+
+/// Why the half-open fault stalled the pools (docs/reliability.md): sqlx gives a connection
+/// back to its pool only after a round trip (a `Sync`), with no time limit. On a link that went
+/// silent without a reset that round trip never ends, so the connection's slot stayed taken for
+/// good: whether its step was dropped mid-statement by a time limit, or it was given back just
+/// as the link died. Once every slot was lost so, every acquire timed out. With the way back
+/// bounded by the pool's acquire timeout (vendor/README.md), the pool opens new connections.
+#[actix_web::test]
+async fn pool_connections_given_up_on_a_black_holed_link_free_their_slots() {
+    let db = fresh_db().await;
+    let proxy = Proxy::start(pg().port()).await;
+    let settings = test_settings(
+        &db,
+        &[("DB_CONNECTION_TIMEOUT", "500"), ("DB_POOL_SIZE", "2")],
+    );
+    let primary = queen_broker::storage::primary(&proxy.url(&db), &settings).expect("the URL");
+    // The pool of the pops: it does not ping a connection before handing it out.
+    let pool = queen_broker::storage::lease_pool(&primary, &settings);
+    let mut idle = pool.acquire().await.expect("a connection");
+    let mut held = pool.acquire().await.expect("a second connection");
+    select(&mut idle).await.expect("answered");
+    select(&mut held).await.expect("answered");
+    drop(idle);
+    while pool.num_idle() < 1 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // Both open connections go silent; new ones work again at once.
+    proxy.black_hole();
+    proxy.heal();
+    // One is given back just after the link died (its statement had been answered)...
+    drop(held);
+    // ...the other, idle, is handed to a step whose time limit drops it mid-statement.
+    let step = async {
+        let mut conn = pool.acquire().await?;
+        select(&mut conn).await
+    };
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), step)
+            .await
+            .is_err(),
+        "a statement on a black-holed connection is never answered"
+    );
+
+    // Both slots are held by connections on their way back; the pool must free them.
+    let started = Instant::now();
+    let answered = loop {
+        let attempt = async {
+            let mut conn = pool.acquire().await?;
+            select(&mut conn).await
+        };
+        match attempt.await {
+            Ok(()) => break started.elapsed(),
+            Err(e) => assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "the pool still gives no connection after {:?}: {e}",
+                started.elapsed()
+            ),
+        }
+    };
+    eprintln!("pool answering again {answered:?} after its connections were given up");
+    assert!(answered < Duration::from_secs(2), "{answered:?}");
+    drop(proxy);
+}
+
 #[actix_web::test]
 async fn chaos_network_partition_delay_and_half_open_connections() {
     let db = fresh_db().await;
