@@ -33,8 +33,10 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::chaos::Http;
+use crate::support::consuming::{ack_all, ns, pop, push_n};
 use crate::support::proxy::Proxy;
 use crate::support::{fresh_db, pg, spawn_app_with, test_settings, TestApp, TestDb};
+use queen_broker::wake::WakeKey;
 
 const QUEUE: &str = "faults";
 /// Once the faults stop, every accepted message is delivered within this (the long form's
@@ -613,6 +615,115 @@ async fn pool_connections_given_up_on_a_black_holed_link_free_their_slots() {
     };
     eprintln!("pool answering again {answered:?} after its connections were given up");
     assert!(answered < Duration::from_secs(2), "{answered:?}");
+    drop(proxy);
+}
+
+/// The LISTEN connection through a half-open link: it delivers no notification and reports no
+/// error, ever. While it is up, this broker's pushes leave the waking of its own long-polling
+/// pops to it, so a waiting pop got a pushed message only at its next re-read
+/// (`QUEEN_POP_RECHECK_MS`, 20 s here). A LISTEN connection silent for 2 s is now probed with a
+/// round trip and, unanswered within 1 s, made again.
+#[actix_web::test]
+async fn a_half_open_listen_connection_is_found_and_made_again() {
+    let db = fresh_db().await;
+    let proxy = Proxy::start(pg().port()).await;
+    let settings = test_settings(
+        &db,
+        &[
+            ("DATABASE_URL", &proxy.url(&db)),
+            ("DB_CONNECTION_TIMEOUT", "500"),
+            ("DB_STATEMENT_TIMEOUT", "1000"),
+            ("QUEEN_COMMIT_TIMEOUT_MS", "1000"),
+            ("QUEEN_POP_RECHECK_MS", "20000"),
+        ],
+    );
+    let app = spawn_app_with(settings).await;
+    let wake = &app.broker.state.wake;
+    push_n(&app, "lq", "first", 0, 1).await; // the queue exists
+    let first = pop(&app, "lq", "").await;
+    ack_all(&app, &first, "completed", None).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !wake.listening() {
+        assert!(Instant::now() < deadline, "LISTEN never connected");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    proxy.black_hole();
+    proxy.heal();
+    let healed = Instant::now();
+    // Found silent and given up...
+    while wake.listening() {
+        assert!(
+            healed.elapsed() < Duration::from_secs(6),
+            "the half-open LISTEN connection is never given up"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let given_up = healed.elapsed();
+    // ...and made again through the healed link.
+    while !wake.listening() {
+        assert!(
+            healed.elapsed() < Duration::from_secs(10),
+            "LISTEN never connected again"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let listening_again = healed.elapsed();
+    // Pushes are `queued` and pops answered again (the committers' and the pools' black-holed
+    // connections were given up too); on a queue of their own, what a spooled try leaves
+    // behind is not in the way.
+    loop {
+        let reply = app
+            .push(json!([{"queue": "warm", "partition": "w", "payload": {"n": 0}}]))
+            .await;
+        if reply.status == 201 && reply.body[0]["status"] == "queued" {
+            break;
+        }
+        assert!(
+            healed.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            reply.body
+        );
+        // Until the spooled tries are replayed, the partition's pushes are spooled too.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    loop {
+        let reply = pop(&app, "warm", "").await;
+        if reply.status < 300 {
+            break;
+        }
+        assert!(
+            healed.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            reply.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A push wakes a waiting pop at once again: well before its 20 s re-read.
+    let key = WakeKey::Queue("lq".into());
+    let waiting = async {
+        let reply = pop(&app, "lq", "wait=true&timeout=10000").await;
+        (reply, Instant::now())
+    };
+    let pushing = async {
+        while wake.waiting(&key) == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        push_n(&app, "lq", "p", 7, 1).await;
+        Instant::now()
+    };
+    let ((reply, popped_at), pushed_at) = futures_util::join!(waiting, pushing);
+    assert_eq!(ns(&reply), vec![7]);
+    let late = popped_at.saturating_duration_since(pushed_at);
+    eprintln!(
+        "LISTEN given up {given_up:?} after the black hole, listening again after \
+         {listening_again:?}; a waiting pop answered {late:?} after the push"
+    );
+    assert!(
+        late < Duration::from_secs(2),
+        "pop answered {late:?} after the push"
+    );
     drop(proxy);
 }
 
