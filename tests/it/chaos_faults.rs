@@ -16,9 +16,8 @@
 //!   again and PostgreSQL comes back while it is full;
 //! - **network**, through the project's TCP fault proxy between broker and PostgreSQL: a
 //!   partition (every connection dropped, new ones refused) for 2 s, 150 ms added to every chunk
-//!   for 2 s, and (with `QUEEN_CHAOS_HALF_OPEN=1`: it still fails about one run in four) a
-//!   half-open black hole (every connection stays open but forwards nothing, never again) for
-//!   4 s.
+//!   for 2 s, and a half-open black hole (every connection stays open but forwards nothing,
+//!   never again) for 4 s.
 //!
 //! CI size by default (a few seconds each); `QUEEN_CHAOS_LONG=1` multiplies the messages by 20
 //! and repeats the network faults five times (docs/operations.md, "The chaos run").
@@ -760,16 +759,8 @@ async fn chaos_network_partition_delay_and_half_open_connections() {
     let (partitions, per_partition) = (4, if long() { 20_000 } else { 1_500 });
     let run = Run::new(&app, partitions, per_partition, 20);
     let mut load = Workload::start(&run, partitions);
-    // The half-open fault still stalls deliveries in about 1 run of 4 (docs/reliability.md:
-    // pool connections given back mid-statement on a dead link), so it runs on request only.
-    let half_open = std::env::var("QUEEN_CHAOS_HALF_OPEN").is_ok_and(|v| v == "1");
-    let faults: &[&str] = if half_open {
-        &["partition", "delay", "half-open"]
-    } else {
-        &["partition", "delay"]
-    };
     for _ in 0..rounds {
-        for &fault in faults {
+        for fault in ["partition", "delay", "half-open"] {
             tokio::time::sleep(Duration::from_millis(500)).await;
             proxy_fault(&proxy, fault, Duration::from_secs(4)).await;
             load.resumed_after(fault).await;
