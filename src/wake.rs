@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use broker_actors::PartitionKey;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::{Acquire, Connection};
 use tokio::sync::Notify;
 
 /// The channel every commit notifies.
@@ -318,81 +319,155 @@ impl Drop for ListenerHandle {
 ///
 /// # Panics
 ///
-/// When the thread or its runtime cannot be created (out of resources at start-up).
+/// When the thread cannot be created (out of resources at start-up).
 pub fn spawn_listener(options: PgConnectOptions, hub: Arc<WakeHub>) -> ListenerHandle {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     std::thread::Builder::new()
         .name("queen-listen".into())
-        .spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("the LISTEN thread's runtime starts");
-            runtime.block_on(listen_loop(options, hub, stopped));
-        })
+        .spawn(move || listen_loop(&options, &hub, stopped))
         .expect("the LISTEN thread starts");
     ListenerHandle { stop }
+}
+
+/// A LISTEN connection silent for this long is probed with a round trip (a `Sync`).
+const PROBE_AFTER: Duration = Duration::from_secs(2);
+
+/// A probe not answered within this gives the connection up: its peer went silent without a
+/// reset (half-open), so no notification would ever come again, and no error either.
+const PROBE_BOUND: Duration = Duration::from_secs(1);
+
+/// How long to wait before connecting again after a failure.
+const RECONNECT_AFTER: Duration = Duration::from_secs(1);
+
+/// How a LISTEN session ended.
+#[derive(PartialEq, Eq)]
+enum Ended {
+    /// The connection failed or was given up: connect again.
+    Lost,
+    /// The broker asked the thread to stop.
+    Stopped,
 }
 
 /// LISTENs on [`CHANNEL`] on a connection of its own (not from the shared pool), reconnecting
 /// after failures; after a reconnect every waiter is woken, since notifications sent meanwhile
 /// are lost. Ends when `stopped` turns true or its sender is gone.
-async fn listen_loop(
-    options: PgConnectOptions,
-    hub: Arc<WakeHub>,
+///
+/// Each connection lives in a runtime of its own, dropped when the connection is given up:
+/// sqlx sends `UNLISTEN *` when a listener is dropped, in a task of its own with no time
+/// limit, and on a half-open connection that task would hold the connection, and the slot of
+/// its pool, for good. Dropping the runtime ends it and closes the socket.
+fn listen_loop(
+    options: &PgConnectOptions,
+    hub: &WakeHub,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
+    while !stop_asked(&stopped) {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime,
+            Err(e) => {
+                tracing::warn!(error = %e, "the LISTEN thread's runtime did not start; retrying");
+                std::thread::sleep(RECONNECT_AFTER);
+                continue;
+            }
+        };
+        let ended = runtime.block_on(session(options, hub, &mut stopped));
+        drop(runtime);
+        if ended == Ended::Stopped {
+            break;
+        }
+    }
+}
+
+fn stop_asked(stopped: &tokio::sync::watch::Receiver<bool>) -> bool {
+    *stopped.borrow() || stopped.has_changed().is_err()
+}
+
+/// One LISTEN connection, from its connect to its failure (then after [`RECONNECT_AFTER`]) or
+/// to the stop.
+async fn session(
+    options: &PgConnectOptions,
+    hub: &WakeHub,
+    stopped: &mut tokio::sync::watch::Receiver<bool>,
+) -> Ended {
     let pool = PgPoolOptions::new()
         .max_connections(1)
         .acquire_timeout(Duration::from_secs(5))
         .idle_timeout(None)
         .max_lifetime(None)
-        .connect_lazy_with(options);
-    let stop = |s: &tokio::sync::watch::Receiver<bool>| *s.borrow() || s.has_changed().is_err();
-    'connect: while !stop(&stopped) {
-        let connected = async {
-            let mut listener = PgListener::connect_with(&pool).await?;
-            listener.ignore_pool_close_event(true);
-            listener.listen(CHANNEL).await?;
-            Ok::<_, sqlx::Error>(listener)
+        .connect_lazy_with(options.clone());
+    let connected = async {
+        let mut listener = PgListener::connect_with(&pool).await?;
+        listener.ignore_pool_close_event(true);
+        listener.listen(CHANNEL).await?;
+        Ok::<_, sqlx::Error>(listener)
+    };
+    let mut listener = tokio::select! {
+        l = connected => match l {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::debug!(error = %e, "LISTEN connection failed; retrying");
+                return pause(stopped).await;
+            }
+        },
+        _ = stopped.changed() => return Ended::Stopped,
+    };
+    hub.listening.store(true, Ordering::Relaxed);
+    hub.wake_all();
+    loop {
+        let received = tokio::select! {
+            r = tokio::time::timeout(PROBE_AFTER, listener.try_recv()) => r,
+            _ = stopped.changed() => {
+                // Closed in good order (`UNLISTEN`, then `Terminate`), if the link allows.
+                drop(listener);
+                let _ = tokio::time::timeout(PROBE_BOUND, pool.close()).await;
+                return Ended::Stopped;
+            }
         };
-        let mut listener = tokio::select! {
-            l = connected => match l {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::debug!(error = %e, "LISTEN connection failed; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue 'connect,
-                        _ = stopped.changed() => break 'connect,
+        match received {
+            Ok(Ok(Some(n))) => hub.apply_payload(n.payload()),
+            // The connection dropped and was re-established: anything may have been missed.
+            Ok(Ok(None)) => hub.wake_all(),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "LISTEN connection lost; reconnecting");
+                break;
+            }
+            // Silence: a round trip tells an idle connection from a dead one. Notifications
+            // that arrive meanwhile are kept for the next `try_recv`.
+            Err(_) => {
+                let probe = async { (&mut listener).acquire().await?.ping().await };
+                match tokio::time::timeout(PROBE_BOUND, probe).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "LISTEN connection lost; reconnecting");
+                        break;
                     }
-                }
-            },
-            _ = stopped.changed() => break 'connect,
-        };
-        hub.listening.store(true, Ordering::Relaxed);
-        hub.wake_all();
-        loop {
-            let received = tokio::select! {
-                r = listener.try_recv() => r,
-                _ = stopped.changed() => break 'connect,
-            };
-            match received {
-                Ok(Some(n)) => hub.apply_payload(n.payload()),
-                // The connection dropped and was re-established: anything may have been missed.
-                Ok(None) => hub.wake_all(),
-                Err(e) => {
-                    tracing::debug!(error = %e, "LISTEN connection lost; reconnecting");
-                    hub.listening.store(false, Ordering::Relaxed);
-                    drop(listener);
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue 'connect,
-                        _ = stopped.changed() => break 'connect,
+                    Err(_) => {
+                        tracing::warn!(
+                            "LISTEN connection did not answer within {PROBE_BOUND:?} \
+                             (half-open?); reconnecting"
+                        );
+                        break;
                     }
                 }
             }
         }
     }
-    pool.close().await;
+    // Until a new connection listens, this broker's pushes wake its pops themselves.
+    hub.listening.store(false, Ordering::Relaxed);
+    hub.wake_all();
+    drop(listener);
+    pause(stopped).await
+}
+
+/// Waits [`RECONNECT_AFTER`], or less when the stop is asked.
+async fn pause(stopped: &mut tokio::sync::watch::Receiver<bool>) -> Ended {
+    tokio::select! {
+        _ = tokio::time::sleep(RECONNECT_AFTER) => Ended::Lost,
+        _ = stopped.changed() => Ended::Stopped,
+    }
 }
 
 #[cfg(test)]

@@ -16,9 +16,8 @@
 //!   again and PostgreSQL comes back while it is full;
 //! - **network**, through the project's TCP fault proxy between broker and PostgreSQL: a
 //!   partition (every connection dropped, new ones refused) for 2 s, 150 ms added to every chunk
-//!   for 2 s, and (with `QUEEN_CHAOS_HALF_OPEN=1`: it still fails about one run in four) a
-//!   half-open black hole (every connection stays open but forwards nothing, never again) for
-//!   4 s.
+//!   for 2 s, and a half-open black hole (every connection stays open but forwards nothing,
+//!   never again) for 4 s.
 //!
 //! CI size by default (a few seconds each); `QUEEN_CHAOS_LONG=1` multiplies the messages by 20
 //! and repeats the network faults five times (docs/operations.md, "The chaos run").
@@ -33,8 +32,10 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::chaos::Http;
+use crate::support::consuming::{ack_all, ns, pop, push_n};
 use crate::support::proxy::Proxy;
 use crate::support::{fresh_db, pg, spawn_app_with, test_settings, TestApp, TestDb};
+use queen_broker::wake::WakeKey;
 
 const QUEUE: &str = "faults";
 /// Once the faults stop, every accepted message is delivered within this (the long form's
@@ -548,6 +549,183 @@ async fn chaos_spool_disk_fills_while_postgresql_is_away() {
     assert!(app.spool_files().is_empty(), "the spool drained");
 }
 
+async fn select(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT 1").execute(conn).await.map(|_| ())
+}
+
+/// Why the half-open fault stalled the pools (docs/reliability.md): sqlx gives a connection
+/// back to its pool only after a round trip (a `Sync`), with no time limit. On a link that went
+/// silent without a reset that round trip never ends, so the connection's slot stayed taken for
+/// good: whether its step was dropped mid-statement by a time limit, or it was given back just
+/// as the link died. Once every slot was lost so, every acquire timed out. With the way back
+/// bounded by the pool's acquire timeout (vendor/README.md), the pool opens new connections.
+#[actix_web::test]
+async fn pool_connections_given_up_on_a_black_holed_link_free_their_slots() {
+    let db = fresh_db().await;
+    let proxy = Proxy::start(pg().port()).await;
+    let settings = test_settings(
+        &db,
+        &[("DB_CONNECTION_TIMEOUT", "500"), ("DB_POOL_SIZE", "2")],
+    );
+    let primary = queen_broker::storage::primary(&proxy.url(&db), &settings).expect("the URL");
+    // The pool of the pops: it does not ping a connection before handing it out.
+    let pool = queen_broker::storage::lease_pool(&primary, &settings);
+    let mut idle = pool.acquire().await.expect("a connection");
+    let mut held = pool.acquire().await.expect("a second connection");
+    select(&mut idle).await.expect("answered");
+    select(&mut held).await.expect("answered");
+    drop(idle);
+    while pool.num_idle() < 1 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // Both open connections go silent; new ones work again at once.
+    proxy.black_hole();
+    proxy.heal();
+    // One is given back just after the link died (its statement had been answered)...
+    drop(held);
+    // ...the other, idle, is handed to a step whose time limit drops it mid-statement.
+    let step = async {
+        let mut conn = pool.acquire().await?;
+        select(&mut conn).await
+    };
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), step)
+            .await
+            .is_err(),
+        "a statement on a black-holed connection is never answered"
+    );
+
+    // Both slots are held by connections on their way back; the pool must free them.
+    let started = Instant::now();
+    let answered = loop {
+        let attempt = async {
+            let mut conn = pool.acquire().await?;
+            select(&mut conn).await
+        };
+        match attempt.await {
+            Ok(()) => break started.elapsed(),
+            Err(e) => assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "the pool still gives no connection after {:?}: {e}",
+                started.elapsed()
+            ),
+        }
+    };
+    eprintln!("pool answering again {answered:?} after its connections were given up");
+    assert!(answered < Duration::from_secs(2), "{answered:?}");
+    drop(proxy);
+}
+
+/// The LISTEN connection through a half-open link: it delivers no notification and reports no
+/// error, ever. While it is up, this broker's pushes leave the waking of its own long-polling
+/// pops to it, so a waiting pop got a pushed message only at its next re-read
+/// (`QUEEN_POP_RECHECK_MS`, 20 s here). A LISTEN connection silent for 2 s is now probed with a
+/// round trip and, unanswered within 1 s, made again.
+#[actix_web::test]
+async fn a_half_open_listen_connection_is_found_and_made_again() {
+    let db = fresh_db().await;
+    let proxy = Proxy::start(pg().port()).await;
+    let settings = test_settings(
+        &db,
+        &[
+            ("DATABASE_URL", &proxy.url(&db)),
+            ("DB_CONNECTION_TIMEOUT", "500"),
+            ("DB_STATEMENT_TIMEOUT", "1000"),
+            ("QUEEN_COMMIT_TIMEOUT_MS", "1000"),
+            ("QUEEN_POP_RECHECK_MS", "20000"),
+        ],
+    );
+    let app = spawn_app_with(settings).await;
+    let wake = &app.broker.state.wake;
+    push_n(&app, "lq", "first", 0, 1).await; // the queue exists
+    let first = pop(&app, "lq", "").await;
+    ack_all(&app, &first, "completed", None).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !wake.listening() {
+        assert!(Instant::now() < deadline, "LISTEN never connected");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    proxy.black_hole();
+    proxy.heal();
+    let healed = Instant::now();
+    // Found silent and given up...
+    while wake.listening() {
+        assert!(
+            healed.elapsed() < Duration::from_secs(6),
+            "the half-open LISTEN connection is never given up"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let given_up = healed.elapsed();
+    // ...and made again through the healed link.
+    while !wake.listening() {
+        assert!(
+            healed.elapsed() < Duration::from_secs(10),
+            "LISTEN never connected again"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let listening_again = healed.elapsed();
+    // Pushes are `queued` and pops answered again (the committers' and the pools' black-holed
+    // connections were given up too); on a queue of their own, what a spooled try leaves
+    // behind is not in the way.
+    loop {
+        let reply = app
+            .push(json!([{"queue": "warm", "partition": "w", "payload": {"n": 0}}]))
+            .await;
+        if reply.status == 201 && reply.body[0]["status"] == "queued" {
+            break;
+        }
+        assert!(
+            healed.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            reply.body
+        );
+        // Until the spooled tries are replayed, the partition's pushes are spooled too.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    loop {
+        let reply = pop(&app, "warm", "").await;
+        if reply.status < 300 {
+            break;
+        }
+        assert!(
+            healed.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            reply.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A push wakes a waiting pop at once again: well before its 20 s re-read.
+    let key = WakeKey::Queue("lq".into());
+    let waiting = async {
+        let reply = pop(&app, "lq", "wait=true&timeout=10000").await;
+        (reply, Instant::now())
+    };
+    let pushing = async {
+        while wake.waiting(&key) == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        push_n(&app, "lq", "p", 7, 1).await;
+        Instant::now()
+    };
+    let ((reply, popped_at), pushed_at) = futures_util::join!(waiting, pushing);
+    assert_eq!(ns(&reply), vec![7]);
+    let late = popped_at.saturating_duration_since(pushed_at);
+    eprintln!(
+        "LISTEN given up {given_up:?} after the black hole, listening again after \
+         {listening_again:?}; a waiting pop answered {late:?} after the push"
+    );
+    assert!(
+        late < Duration::from_secs(2),
+        "pop answered {late:?} after the push"
+    );
+    drop(proxy);
+}
+
 #[actix_web::test]
 async fn chaos_network_partition_delay_and_half_open_connections() {
     let db = fresh_db().await;
@@ -581,16 +759,8 @@ async fn chaos_network_partition_delay_and_half_open_connections() {
     let (partitions, per_partition) = (4, if long() { 20_000 } else { 1_500 });
     let run = Run::new(&app, partitions, per_partition, 20);
     let mut load = Workload::start(&run, partitions);
-    // The half-open fault still stalls deliveries in about 1 run of 4 (docs/reliability.md:
-    // pool connections given back mid-statement on a dead link), so it runs on request only.
-    let half_open = std::env::var("QUEEN_CHAOS_HALF_OPEN").is_ok_and(|v| v == "1");
-    let faults: &[&str] = if half_open {
-        &["partition", "delay", "half-open"]
-    } else {
-        &["partition", "delay"]
-    };
     for _ in 0..rounds {
-        for &fault in faults {
+        for fault in ["partition", "delay", "half-open"] {
             tokio::time::sleep(Duration::from_millis(500)).await;
             proxy_fault(&proxy, fault, Duration::from_secs(4)).await;
             load.resumed_after(fault).await;
