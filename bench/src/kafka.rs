@@ -801,11 +801,7 @@ pub async fn run(
                 m.cpu.postgres,
                 m.cpu.load,
                 m.cpu.other,
-                if m.problems.is_empty() {
-                    String::new()
-                } else {
-                    format!("\n      ! {}", m.problems.join("\n      ! "))
-                }
+                crate::report::problems_suffix(&m.problems)
             );
             all.push(m);
         }

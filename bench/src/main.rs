@@ -745,11 +745,7 @@ async fn run_on(
                 m.cpu.postgres,
                 m.cpu.load,
                 m.cpu.other,
-                if m.problems.is_empty() {
-                    String::new()
-                } else {
-                    format!("\n      ! {}", m.problems.join("\n      ! "))
-                }
+                report::problems_suffix(&m.problems)
             );
             if let Some(line) = report::detail_line(&m) {
                 eprintln!("      {line}");
@@ -975,11 +971,7 @@ async fn run_wire(
                 m.cpu.postgres,
                 m.cpu.load,
                 m.cpu.other,
-                if m.problems.is_empty() {
-                    String::new()
-                } else {
-                    format!("\n      ! {}", m.problems.join("\n      ! "))
-                }
+                report::problems_suffix(&m.problems)
             );
             all.push(m);
         }
@@ -1049,11 +1041,7 @@ async fn run_fanout(
                 m.postgres_us_per_msg,
                 m.cache_hits,
                 m.cache_misses,
-                if m.problems.is_empty() {
-                    String::new()
-                } else {
-                    format!("\n      ! {}", m.problems.join("\n      ! "))
-                }
+                report::problems_suffix(&m.problems)
             );
             all.push(m);
         }

@@ -1410,6 +1410,16 @@ fn nice_step(raw: f64) -> f64 {
     10.0 * mag
 }
 
+/// What went wrong in a measurement, as the indented lines after its progress line ("" when
+/// nothing did).
+pub fn problems_suffix(problems: &[String]) -> String {
+    if problems.is_empty() {
+        String::new()
+    } else {
+        format!("\n      ! {}", problems.join("\n      ! "))
+    }
+}
+
 /// One line about a measurement's scenario-specific results (for the progress output).
 pub fn detail_line(m: &Measurement) -> Option<String> {
     match &m.detail {

@@ -706,6 +706,21 @@ fn crc32c(bytes: &[u8]) -> u32 {
     !crc
 }
 
+/// Produces a hand-altered batch to partition 0 of `bombs`, its checksum made right (so only
+/// what was altered is wrong); the partition's error code.
+async fn produce_forged(conn: &mut Conn, mut forged: BytesMut) -> i16 {
+    let crc = crc32c(&forged[21..]);
+    forged[17..21].copy_from_slice(&crc.to_be_bytes());
+    let answer: ProduceResponse = conn
+        .call(
+            ApiKey::Produce,
+            9,
+            &produce_request("bombs", 0, forged.freeze(), -1),
+        )
+        .await;
+    answer.responses[0].partition_responses[0].error_code
+}
+
 #[actix_web::test]
 async fn declared_record_counts_and_compression_bombs_are_refused_without_the_memory() {
     let db = fresh_db().await;
@@ -716,17 +731,9 @@ async fn declared_record_counts_and_compression_bombs_are_refused_without_the_me
     // is wrong): refused before the decoder reserves room for them.
     let mut forged = BytesMut::from(&batch(&[record(0, None, b"{}", None)], Compression::None)[..]);
     forged[57..61].copy_from_slice(&i32::MAX.to_be_bytes());
-    let crc = crc32c(&forged[21..]);
-    forged[17..21].copy_from_slice(&crc.to_be_bytes());
-    let answer: ProduceResponse = conn
-        .call(
-            ApiKey::Produce,
-            9,
-            &produce_request("bombs", 0, forged.freeze(), -1),
-        )
-        .await;
     assert_eq!(
-        answer.responses[0].partition_responses[0].error_code, 10,
+        produce_forged(&mut conn, forged).await,
+        10,
         "MESSAGE_TOO_LARGE"
     );
 
@@ -761,17 +768,9 @@ async fn declared_record_counts_and_compression_bombs_are_refused_without_the_me
     forged[61] = 0x18;
     let length = i32::from_be_bytes(forged[8..12].try_into().expect("4 bytes")) + 4;
     forged[8..12].copy_from_slice(&length.to_be_bytes());
-    let crc = crc32c(&forged[21..]);
-    forged[17..21].copy_from_slice(&crc.to_be_bytes());
-    let answer: ProduceResponse = conn
-        .call(
-            ApiKey::Produce,
-            9,
-            &produce_request("bombs", 0, forged.freeze(), -1),
-        )
-        .await;
     assert_ne!(
-        answer.responses[0].partition_responses[0].error_code, 0,
+        produce_forged(&mut conn, forged).await,
+        0,
         "a record with a forged header count is refused"
     );
 
