@@ -37,6 +37,9 @@ pub struct PrivateCluster {
     as_postgres: bool,
     /// Certificate and key files served with `ssl=on` ([`PrivateCluster::with_tls`]).
     tls: Option<(PathBuf, PathBuf)>,
+    /// Whether the server listens on a Unix socket in its data folder
+    /// ([`PrivateCluster::tcp_only`]).
+    unix_socket: bool,
 }
 
 /// Finds the directory holding `initdb` and `pg_ctl`.
@@ -89,7 +92,15 @@ impl PrivateCluster {
             bin_dir,
             as_postgres: running_as_root(),
             tls: None,
+            unix_socket: true,
         })
+    }
+
+    /// Listens on TCP only, with no Unix socket in the data folder: `pg_rewind` copies the
+    /// source's data folder file by file and cannot read a socket there.
+    pub fn tcp_only(mut self) -> Self {
+        self.unix_socket = false;
+        self
     }
 
     /// Serves TLS (`ssl=on`) with this PEM certificate and key: [`PrivateCluster::start`]
@@ -218,6 +229,29 @@ impl PrivateCluster {
         self.run(c)
     }
 
+    /// Makes this stopped former primary a standby of `source`, the standby promoted in its
+    /// place: `pg_rewind` undoes what this cluster wrote after the two timelines forked (it
+    /// first completes crash recovery itself when this cluster was crash-stopped) and, with
+    /// `-R`, writes `standby.signal` and a `primary_conninfo` naming `source`;
+    /// [`PrivateCluster::start`] then starts it streaming from `source`. Needs
+    /// `wal_log_hints = on` (or data checksums) on both since before the fork, and `source`
+    /// checkpointed after its promotion.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError`] when `pg_rewind` fails (e.g. the WAL it needs is gone).
+    pub fn rewind_from(&self, source: &PrivateCluster) -> Result<(), ClusterError> {
+        let mut c = self.command("pg_rewind");
+        c.arg("-D")
+            .arg(&self.data_dir)
+            .arg(format!(
+                "--source-server=host=127.0.0.1 port={} user=postgres dbname=postgres",
+                source.port
+            ))
+            .args(["-R", "--no-sync"]);
+        self.run(c)
+    }
+
     /// Promotes this standby to a primary (`pg_ctl promote -w`: returns once it accepts
     /// writes).
     ///
@@ -256,10 +290,14 @@ impl PrivateCluster {
             ]);
             self.run(c)?;
         }
+        let socket = if self.unix_socket {
+            self.data_dir.display().to_string()
+        } else {
+            String::from("''")
+        };
         let mut opts = format!(
-            "-p {} -c listen_addresses=127.0.0.1 -k {} -c max_connections=300",
+            "-p {} -c listen_addresses=127.0.0.1 -k {socket} -c max_connections=300",
             self.port,
-            self.data_dir.display()
         );
         if !durable {
             opts.push_str(" -c fsync=off -c synchronous_commit=off -c full_page_writes=off");
