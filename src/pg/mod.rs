@@ -37,9 +37,6 @@ pub struct PrivateCluster {
     as_postgres: bool,
     /// Certificate and key files served with `ssl=on` ([`PrivateCluster::with_tls`]).
     tls: Option<(PathBuf, PathBuf)>,
-    /// Whether the server listens on a Unix socket in its data folder
-    /// ([`PrivateCluster::tcp_only`]).
-    unix_socket: bool,
 }
 
 /// Finds the directory holding `initdb` and `pg_ctl`.
@@ -92,15 +89,7 @@ impl PrivateCluster {
             bin_dir,
             as_postgres: running_as_root(),
             tls: None,
-            unix_socket: true,
         })
-    }
-
-    /// Listens on TCP only, with no Unix socket in the data folder: `pg_rewind` copies the
-    /// source's data folder file by file and cannot read a socket there.
-    pub fn tcp_only(mut self) -> Self {
-        self.unix_socket = false;
-        self
     }
 
     /// Serves TLS (`ssl=on`) with this PEM certificate and key: [`PrivateCluster::start`]
@@ -290,14 +279,10 @@ impl PrivateCluster {
             ]);
             self.run(c)?;
         }
-        let socket = if self.unix_socket {
-            self.data_dir.display().to_string()
-        } else {
-            String::from("''")
-        };
         let mut opts = format!(
-            "-p {} -c listen_addresses=127.0.0.1 -k {socket} -c max_connections=300",
+            "-p {} -c listen_addresses=127.0.0.1 -k {} -c max_connections=300",
             self.port,
+            self.data_dir.display()
         );
         if !durable {
             opts.push_str(" -c fsync=off -c synchronous_commit=off -c full_page_writes=off");

@@ -42,7 +42,6 @@ impl HaPair {
         let node = |n: usize| {
             PrivateCluster::new(&dir.join(format!("pg{n}")), free_port().expect("port"))
                 .expect("server binaries")
-                .tcp_only()
         };
         let pair = HaPair {
             nodes: [node(0), node(1)],
@@ -122,6 +121,10 @@ impl HaPair {
             .await
             .expect("checkpoint");
         drop(conn);
+        // pg_rewind copies the source's data folder file by file and cannot read the Unix
+        // socket the server keeps there; nothing here connects through it (TCP only), so it
+        // goes (the server keeps listening on TCP).
+        let _ = std::fs::remove_file(primary.data_dir.join(format!(".s.PGSQL.{}", primary.port)));
         let (old, source) = (old.clone(), primary.clone());
         let rewound = off_thread(move || {
             let rewound = match old.rewind_from(&source) {
