@@ -1063,9 +1063,9 @@ async fn chaos_nothing_lost_nothing_twice_order_kept() {
         })
         .collect();
     {
-        let accepted_in = tally.accepted_in.borrow();
         for p in 0..size.partitions {
             let stored = db.stored(QUEUE, &format!("p{p}")).await;
+            let accepted_in = tally.accepted_in.borrow();
             let mut seen = vec![false; per_partition];
             let mut last: Option<usize> = None;
             for s in &stored {
@@ -1138,16 +1138,18 @@ async fn chaos_nothing_lost_nothing_twice_order_kept() {
             row.faults, row.accepted, row.lost, row.twice, row.order
         );
     }
-    let failovers = tally.failovers.borrow();
-    let promoted_max = failovers.iter().map(|f| f.0).max().unwrap_or_default();
-    let rebuilt_max = failovers.iter().map(|f| f.1).max().unwrap_or_default();
-    eprintln!(
-        "chaos: failovers {}: crash → promoted ≤ {:.2} s, standby rebuilt ≤ {:.1} s ({} by pg_rewind)",
-        failovers.len(),
-        promoted_max.as_secs_f64(),
-        rebuilt_max.as_secs_f64(),
-        failovers.iter().filter(|f| f.2).count()
-    );
+    {
+        let failovers = tally.failovers.borrow();
+        let promoted_max = failovers.iter().map(|f| f.0).max().unwrap_or_default();
+        let rebuilt_max = failovers.iter().map(|f| f.1).max().unwrap_or_default();
+        eprintln!(
+            "chaos: failovers {}: crash → promoted ≤ {:.2} s, standby rebuilt ≤ {:.1} s ({} by pg_rewind)",
+            failovers.len(),
+            promoted_max.as_secs_f64(),
+            rebuilt_max.as_secs_f64(),
+            failovers.iter().filter(|f| f.2).count()
+        );
+    }
     for line in &state_report.lines {
         eprintln!("chaos: {line}");
     }

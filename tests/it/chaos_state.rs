@@ -423,7 +423,7 @@ pub(super) async fn check(st: &State, db: &TestDb) -> Report {
     ));
 
     // Locks: tokens unique and rising in grant order; fencing on the version axis.
-    let mut grants = st.grants.borrow_mut();
+    let mut grants = std::mem::take(&mut *st.grants.borrow_mut());
     grants.sort_by_key(|g| g.token);
     let mut sent_max: Option<Instant> = None;
     for pair in grants.windows(2) {
@@ -449,7 +449,7 @@ pub(super) async fn check(st: &State, db: &TestDb) -> Report {
             .fetch_all(&mut conn)
             .await
             .expect("lock step rows");
-    let steps = st.steps.borrow();
+    let steps = st.steps.borrow().clone();
     let (mut stored_steps, mut count) = (0i64, 0i64);
     let mut fenced_late = 0;
     for (key, value, version) in &rows {
