@@ -1076,8 +1076,12 @@ async fn chaos_nothing_lost_nothing_twice_order_kept() {
                     row.twice += 1;
                 }
                 seen[seq] = true;
-                if last.is_some_and(|l| l >= seq) {
+                if let Some(l) = last.filter(|l| *l >= seq) {
                     row.order += 1;
+                    eprintln!(
+                        "chaos: p{p}: key {seq} (accepted in window {}) stored at offset {} after key {l}",
+                        accepted_in[p][seq], s.offset
+                    );
                 }
                 last = Some(seq);
             }
