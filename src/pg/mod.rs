@@ -218,6 +218,29 @@ impl PrivateCluster {
         self.run(c)
     }
 
+    /// Makes this stopped former primary a standby of `source`, the standby promoted in its
+    /// place: `pg_rewind` undoes what this cluster wrote after the two timelines forked (it
+    /// first completes crash recovery itself when this cluster was crash-stopped) and, with
+    /// `-R`, writes `standby.signal` and a `primary_conninfo` naming `source`;
+    /// [`PrivateCluster::start`] then starts it streaming from `source`. Needs
+    /// `wal_log_hints = on` (or data checksums) on both since before the fork, and `source`
+    /// checkpointed after its promotion.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError`] when `pg_rewind` fails (e.g. the WAL it needs is gone).
+    pub fn rewind_from(&self, source: &PrivateCluster) -> Result<(), ClusterError> {
+        let mut c = self.command("pg_rewind");
+        c.arg("-D")
+            .arg(&self.data_dir)
+            .arg(format!(
+                "--source-server=host=127.0.0.1 port={} user=postgres dbname=postgres",
+                source.port
+            ))
+            .args(["-R", "--no-sync"]);
+        self.run(c)
+    }
+
     /// Promotes this standby to a primary (`pg_ctl promote -w`: returns once it accepts
     /// writes).
     ///

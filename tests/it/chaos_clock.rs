@@ -39,7 +39,7 @@ const TIMER_MS: u64 = 2_000;
 const RETAIN_SECS: u64 = 4;
 const SWEEP_MS: u64 = 300;
 
-fn faketime_lib() -> Option<PathBuf> {
+pub(super) fn faketime_lib() -> Option<PathBuf> {
     if let Ok(path) = std::env::var("QUEEN_FAKETIME_LIB") {
         return Some(PathBuf::from(path));
     }

@@ -17,6 +17,7 @@ mod chaos;
 mod chaos_clock;
 mod chaos_faults;
 mod chaos_locks;
+mod chaos_state;
 mod claim_group;
 mod codec_props;
 mod configure_contract;

@@ -229,6 +229,9 @@ pub struct SpoolActor {
     busy: bool,
     seal_requested: bool,
     counter: u64,
+    /// The time part of the newest spool file's name: a new file's is above it whatever the
+    /// wall clock says (see [`SpoolActor::new_file`]).
+    last_micros: u128,
     full_at: Option<Instant>,
 }
 
@@ -255,6 +258,12 @@ pub fn list_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
         .collect();
     files.sort();
     Ok(files)
+}
+
+/// The time part of a spool file's name (`spool-<micros>-<counter>.qspool`).
+fn name_micros(file: &Path) -> Option<u128> {
+    let name = file.file_name()?.to_str()?;
+    name.strip_prefix("spool-")?.split('-').next()?.parse().ok()
 }
 
 /// The watermark path of a spool file.
@@ -301,7 +310,9 @@ impl SpoolActor {
         }
         let _ = state.dir.set(dir.to_path_buf());
         state.add_quarantined(quarantine::count(dir));
+        let mut last_micros = 0;
         for file in list_files(dir).map_err(|e| dir_error(dir, e))? {
+            last_micros = last_micros.max(name_micros(&file).unwrap_or(0));
             let bytes = std::fs::read(&file).map_err(|e| dir_error(dir, e))?;
             if bytes.is_empty() {
                 // An append that failed on a fresh file leaves it empty: nothing to replay.
@@ -332,15 +343,23 @@ impl SpoolActor {
             busy: false,
             seal_requested: false,
             counter: 0,
+            last_micros,
             full_at: None,
         })
     }
 
+    /// A new spool file. Files replay in name order, so a name must sort after every file
+    /// before it: its time part is the wall clock's, but never at or below the newest file's
+    /// (this run's or an earlier one's). A wall clock stepped back (NTP, an operator) would
+    /// otherwise name the new file before the older ones, and replay a partition's later
+    /// records before its earlier ones.
     fn new_file(&mut self) -> Result<ActiveFile, SpoolError> {
         self.counter += 1;
-        let micros = std::time::SystemTime::now()
+        let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros());
+        let micros = now.max(self.last_micros + 1);
+        self.last_micros = micros;
         let name = format!("spool-{micros:020}-{:06}{SPOOL_SUFFIX}", self.counter);
         let path = self.dir.join(&name);
         let file = OpenOptions::new()

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 pub mod auth;
 pub mod autofailover;
 pub mod consuming;
+pub mod ha_pair;
 pub mod load;
 pub mod machine;
 pub mod patroni;
