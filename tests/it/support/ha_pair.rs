@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use queen_broker::pg::{free_port, PrivateCluster};
 use sqlx::{Connection, PgConnection};
 
+use super::replica::one_standby;
+
 /// Settings of both nodes, set before the standby is made (so it has them too).
 const SETTINGS: [(&str, &str); 5] = [
     // pg_rewind needs hint-bit changes in the WAL.
@@ -149,23 +151,8 @@ impl HaPair {
     /// `pg_stat_replication` shows it `sync` (bounded).
     async fn synchronous_again(&self) {
         let mut conn = connect(self.primary()).await;
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let n: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'",
-            )
-            .fetch_one(&mut conn)
-            .await
-            .expect("pg_stat_replication");
-            if n == 1 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the standby did not stream within 120 s"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let within = Duration::from_secs(120);
+        one_standby(&mut conn, "state = 'streaming'", "stream", within).await;
         sqlx::query("ALTER SYSTEM SET synchronous_standby_names = '*'")
             .execute(&mut conn)
             .await
@@ -174,22 +161,13 @@ impl HaPair {
             .execute(&mut conn)
             .await
             .expect("reload");
-        loop {
-            let n: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
-            )
-            .fetch_one(&mut conn)
-            .await
-            .expect("pg_stat_replication");
-            if n == 1 {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the standby did not become synchronous within 120 s"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        one_standby(
+            &mut conn,
+            "sync_state = 'sync'",
+            "become synchronous",
+            within,
+        )
+        .await;
     }
 
     /// Both nodes stopped (immediately: the test is over).

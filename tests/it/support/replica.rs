@@ -127,23 +127,7 @@ impl ReplicaPair {
         let mut conn = PgConnection::connect(&self.primary.url("postgres"))
             .await
             .expect("primary answers");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let n: i64 = sqlx::query_scalar(&format!(
-                "SELECT count(*) FROM pg_stat_replication WHERE {condition}"
-            ))
-            .fetch_one(&mut conn)
-            .await
-            .expect("pg_stat_replication");
-            if n == 1 {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the standby did not {what} within 30 s"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        one_standby(&mut conn, condition, what, Duration::from_secs(30)).await;
     }
 
     /// The first step of a controlled switchover: the primary stops taking writes. New
@@ -176,5 +160,32 @@ impl Drop for ReplicaPair {
         let _ = self.standby.stop(true);
         let _ = self.primary.stop(true);
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Waits (`within` at most) until `pg_stat_replication`, read on `primary`, shows exactly one
+/// standby matching `condition`; `what` names it in the failure.
+pub async fn one_standby(
+    primary: &mut PgConnection,
+    condition: &str,
+    what: &str,
+    within: Duration,
+) {
+    let deadline = Instant::now() + within;
+    loop {
+        let n: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM pg_stat_replication WHERE {condition}"
+        ))
+        .fetch_one(&mut *primary)
+        .await
+        .expect("pg_stat_replication");
+        if n == 1 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the standby did not {what} within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
