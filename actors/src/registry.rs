@@ -251,6 +251,24 @@ impl Registry {
     /// [`PushError::Overloaded`] when the partition's queue is full, [`PushError::ActorStopped`]
     /// when the actor vanished, [`PushError::CommitFailed`] when the write failed.
     pub async fn push(&self, key: &PartitionKey, items: Vec<Item>) -> GroupResult {
+        self.hand_over(key, items).await?.verdicts().await
+    }
+
+    /// Hands one partition's items (body order) to its actor and returns once the actor holds
+    /// them, without waiting for their commit. Items handed over one call after another are
+    /// stored in that order, so a caller that must keep the order of several pushes to one
+    /// partition (a Kafka connection's pipelined produces) awaits each hand-over before it
+    /// makes the next, and the verdicts whenever it likes.
+    ///
+    /// # Errors
+    ///
+    /// [`PushError::Overloaded`] when the partition's queue is full, [`PushError::ActorStopped`]
+    /// when the actor vanished.
+    pub async fn hand_over(
+        &self,
+        key: &PartitionKey,
+        items: Vec<Item>,
+    ) -> Result<Handed, PushError> {
         let (reply, verdicts) = oneshot::channel();
         let mut push = Push { items, reply };
         // A few attempts cover an actor that stopped between lookup and send.
@@ -259,7 +277,7 @@ impl Registry {
             let sent = addr.send(push).await;
             drop(in_transit);
             match sent {
-                Ok(Ok(())) => return verdicts.await.unwrap_or(Err(PushError::ActorStopped)),
+                Ok(Ok(())) => return Ok(Handed(verdicts)),
                 Ok(Err(Refused::Overloaded(_))) => return Err(PushError::Overloaded(RETRY_AFTER)),
                 Ok(Err(Refused::Closing(returned))) => {
                     self.forget(key, &addr);
@@ -273,6 +291,22 @@ impl Registry {
             }
         }
         Err(PushError::ActorStopped)
+    }
+}
+
+/// Items a partition actor holds (see [`Registry::hand_over`]); their verdicts come once they
+/// are committed or spooled.
+#[derive(Debug)]
+pub struct Handed(oneshot::Receiver<GroupResult>);
+
+impl Handed {
+    /// Waits for the verdicts of the handed items.
+    ///
+    /// # Errors
+    ///
+    /// As [`Registry::push`].
+    pub async fn verdicts(self) -> GroupResult {
+        self.0.await.unwrap_or(Err(PushError::ActorStopped))
     }
 }
 

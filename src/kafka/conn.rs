@@ -1,10 +1,16 @@
-//! One Kafka connection: read a size-prefixed frame, decode its header, answer it, in order.
+//! One Kafka connection: read size-prefixed frames, decode their headers, answer them in order.
 //!
 //! A frame larger than `QUEEN_KAFKA_MAX_FRAME_BYTES` (or smaller than a header), a frame
 //! that arrives too slowly, bytes that do not decode and a client that does not read its
 //! answers close this connection only; the others are served on. A frame's bytes count
 //! against the front door's budget (`Kafka::frame_budget`) until its answer is written, so
 //! memory stays bounded however many clients send at once. Nothing here panics on input.
+//!
+//! Produces are pipelined: a producer sends all its batches over one connection, several
+//! requests ahead of its answers, so a produce is handed to its partition actors (which keep
+//! the order of what they are handed) and the next request is read while it commits, up to
+//! [`PRODUCES_IN_FLIGHT`]. Every other request waits until the answers owed before it are
+//! written, so it is served as if requests came one at a time.
 //!
 //! Each connection carries its SASL session (`kafka::sasl`): with JWT auth on, only
 //! ApiVersions and the SASL APIs are served before authentication (anything else closes the
@@ -16,10 +22,13 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use futures_util::future::LocalBoxFuture;
 use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{Decodable, Encodable};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch, SemaphorePermit};
 
 use crate::auth::roles::Capability;
 use crate::kafka::sasl::{Refusal, Session};
@@ -73,9 +82,67 @@ pub async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, kafka: &K
     }
 }
 
+/// Produces a connection may have in flight at once. A Kafka producer sends all its batches
+/// for a broker over one connection, several requests ahead of the answers; their commits
+/// overlap here, and the answers leave in request order.
+const PRODUCES_IN_FLIGHT: usize = 32;
+
+/// An answer still being made (a produce waiting for its commits), with the frame's share of
+/// the front door's budget, held until the answer is made.
+type Owed<'a> = (
+    LocalBoxFuture<'a, Result<Answer, Closed>>,
+    SemaphorePermit<'a>,
+);
+
+/// Reads requests and writes their answers, in order. A Produce is handed to the partition
+/// actors before the next request is read, and its answer is owed until its commits end;
+/// any other request first waits until every answer owed before it is written, so it sees
+/// what the connection produced and is answered as if the connection were served one request
+/// at a time.
 async fn serve_frames(stream: &mut TcpStream, kafka: &Kafka) -> Result<(), Closed> {
+    let (mut reader, mut writer) = stream.split();
+    let (owed_tx, mut owed_rx) = mpsc::channel::<Owed<'_>>(PRODUCES_IN_FLIGHT);
+    let (written_tx, written_rx) = watch::channel(0u64);
+    let read = read_frames(&mut reader, kafka, owed_tx, written_rx);
+    let write_answers = async {
+        let mut written = 0u64;
+        while let Some((owed, permit)) = owed_rx.recv().await {
+            let (answer, then_close) = owed.await?;
+            if let Some(answer) = answer {
+                write(&mut writer, &answer).await?;
+            }
+            drop(permit);
+            // A refused SASL exchange: the client reads why, then the connection ends.
+            if let Some(refusal) = then_close {
+                return Err(Closed::Sasl(refusal));
+            }
+            written += 1;
+            written_tx.send_replace(written);
+        }
+        Ok(())
+    };
+    tokio::pin!(read, write_answers);
+    tokio::select! {
+        // The client stopped sending or broke a rule: what it is owed is still written (it
+        // may have only shut its sending side), unless the connection is gone.
+        read_end = &mut read => {
+            let written = write_answers.await;
+            read_end.and(written)
+        }
+        written = &mut write_answers => written,
+    }
+}
+
+/// Reads frames until the connection ends; each answer goes to the writer in order.
+async fn read_frames<'a>(
+    stream: &mut ReadHalf<'_>,
+    kafka: &'a Kafka,
+    owed: mpsc::Sender<Owed<'a>>,
+    mut written: watch::Receiver<u64>,
+) -> Result<(), Closed> {
     let max = kafka.settings.max_frame_bytes;
     let mut session = Session::new(kafka.verifier.is_some());
+    let mut sent = 0u64;
     loop {
         let mut size = [0u8; 4];
         // A SASL session past its token's expiry is not closed while idle: as a Kafka broker
@@ -95,7 +162,7 @@ async fn serve_frames(stream: &mut TcpStream, kafka: &Kafka) -> Result<(), Close
         let len = len as usize;
         // The budget is counted in KiB; a frame takes its share before its bytes are read.
         let kib = u32::try_from(len.div_ceil(1024)).unwrap_or(u32::MAX);
-        let Ok(_permit) = kafka.frame_budget.acquire_many(kib).await else {
+        let Ok(permit) = kafka.frame_budget.acquire_many(kib).await else {
             return Ok(());
         };
         let mut frame = BytesMut::zeroed(len);
@@ -104,30 +171,52 @@ async fn serve_frames(stream: &mut TcpStream, kafka: &Kafka) -> Result<(), Close
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(Closed::Eof),
             Ok(r) => r?,
         };
-        if session.expects_raw_token() {
+        let produce = !session.expects_raw_token()
+            && i16::from_be_bytes([frame[0], frame[1]]) == ApiKey::Produce as i16;
+        if !produce {
+            // Served one at a time: every earlier answer is written first.
+            if written.wait_for(|w| *w == sent).await.is_err() {
+                return Ok(());
+            }
+        }
+        let step: LocalBoxFuture<'a, Result<Answer, Closed>> = if session.expects_raw_token() {
             session.raw_token(kafka.verifier.as_deref(), &frame).await?;
-            write(stream, &crate::kafka::sasl::raw_success()).await?;
-            continue;
+            let answer: Answer = (
+                Some(BytesMut::from(&crate::kafka::sasl::raw_success()[..])),
+                None,
+            );
+            Box::pin(std::future::ready(Ok(answer)))
+        } else {
+            let began = std::time::Instant::now();
+            let api = ApiKey::try_from(i16::from_be_bytes([frame[0], frame[1]]))
+                .map_or_else(|_| "unknown".to_string(), |key| format!("{key:?}"));
+            let step = match answer(frame.freeze(), kafka, &mut session).await {
+                Ok(step) => step,
+                // Nothing more is read; the answers owed before this one are still written.
+                Err(e) => {
+                    kafka.metrics.request(&api, false, began.elapsed());
+                    return Err(e);
+                }
+            };
+            Box::pin(async move {
+                let answered = match step {
+                    Step::Ready(answer) => Ok(answer),
+                    Step::Owed(owed) => owed.await,
+                };
+                kafka
+                    .metrics
+                    .request(&api, answered.is_ok(), began.elapsed());
+                answered
+            })
+        };
+        if owed.send((step, permit)).await.is_err() {
+            return Ok(());
         }
-        let began = std::time::Instant::now();
-        let api = ApiKey::try_from(i16::from_be_bytes([frame[0], frame[1]]))
-            .map_or_else(|_| "unknown".to_string(), |key| format!("{key:?}"));
-        let answered = answer(frame.freeze(), kafka, &mut session).await;
-        kafka
-            .metrics
-            .request(&api, answered.is_ok(), began.elapsed());
-        let (answer, then_close) = answered?;
-        if let Some(answer) = answer {
-            write(stream, &answer).await?;
-        }
-        // A refused SASL exchange: the client reads why, then the connection ends.
-        if let Some(refusal) = then_close {
-            return Err(Closed::Sasl(refusal));
-        }
+        sent += 1;
     }
 }
 
-async fn write(stream: &mut TcpStream, bytes: &[u8]) -> Result<(), Closed> {
+async fn write(stream: &mut WriteHalf<'_>, bytes: &[u8]) -> Result<(), Closed> {
     match tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(bytes)).await {
         Err(_) => Err(Closed::SlowReader),
         Ok(r) => Ok(r?),
@@ -137,6 +226,12 @@ async fn write(stream: &mut TcpStream, bytes: &[u8]) -> Result<(), Closed> {
 /// An answer (`None`: the request wants none) and, after a refused SASL exchange, why the
 /// connection closes once the answer is written.
 type Answer = (Option<BytesMut>, Option<Refusal>);
+
+/// A request answered at once, or a produce whose answer waits for its commits.
+enum Step<'a> {
+    Ready(Answer),
+    Owed(LocalBoxFuture<'a, Result<Answer, Closed>>),
+}
 
 /// A request's header, as far as dispatch needs it.
 struct Head {
@@ -189,8 +284,12 @@ fn decode<Req: Decodable>(head: &Head, body: &mut Bytes) -> Result<Req, Closed> 
     }
 }
 
-/// Answers one frame.
-async fn answer(mut frame: Bytes, kafka: &Kafka, session: &mut Session) -> Result<Answer, Closed> {
+/// Answers one frame; a produce's answer is owed until its commits end.
+async fn answer<'a>(
+    mut frame: Bytes,
+    kafka: &'a Kafka,
+    session: &mut Session,
+) -> Result<Step<'a>, Closed> {
     let raw_key = i16::from_be_bytes([frame[0], frame[1]]);
     let version = i16::from_be_bytes([frame[2], frame[3]]);
     let undecodable = |reason: String| Closed::Undecodable {
@@ -221,14 +320,15 @@ async fn answer(mut frame: Bytes, kafka: &Kafka, session: &mut Session) -> Resul
                 0,
                 &versions::api_versions(crate::kafka::code::UNSUPPORTED_VERSION),
             )
-            .map(|a| (Some(a), None));
+            .map(|a| Step::Ready((Some(a), None)));
         }
         // The body is read only to check it decodes (the client's name is not used).
         let header_version = key.request_header_version(version);
         RequestHeader::decode(&mut frame, header_version)
             .map_err(|e| undecodable(format!("header: {e:#}")))?;
         decode::<kafka_protocol::messages::ApiVersionsRequest>(&head, &mut frame)?;
-        return frame_answer(&head, 0, &versions::api_versions(0)).map(|a| (Some(a), None));
+        return frame_answer(&head, 0, &versions::api_versions(0))
+            .map(|a| Step::Ready((Some(a), None)));
     }
     session.admit(key)?;
     let range = key.valid_versions();
@@ -260,7 +360,7 @@ async fn answer(mut frame: Bytes, kafka: &Kafka, session: &mut Session) -> Resul
         out.extend_from_slice(&body);
         let len = (out.len() - 4) as i32;
         out[..4].copy_from_slice(&len.to_be_bytes());
-        return Ok((Some(out), None));
+        return Ok(Step::Ready((Some(out), None)));
     }
     let header = RequestHeader::decode(&mut frame, key.request_header_version(version))
         .map_err(|e| undecodable(format!("header: {e:#}")))?;
@@ -327,15 +427,24 @@ async fn answer(mut frame: Bytes, kafka: &Kafka, session: &mut Session) -> Resul
         ApiKey::Produce => {
             let request: m::ProduceRequest = decode(&head, &mut body)?;
             let acks = request.acks;
-            let response = if allowed {
-                produce::produce(kafka, request, session.sub()).await
+            if !allowed {
+                let response = access::produce(request, version);
+                if acks == 0 {
+                    return Ok(Step::Ready((None, None)));
+                }
+                frame_answer(&head, response_header_version, &response).map(|a| (Some(a), None))
             } else {
-                access::produce(request, version)
-            };
-            if acks == 0 {
-                return Ok((None, None));
+                // The records are with their partition actors once this returns; the answer
+                // waits for their commits while the connection reads on.
+                let produced = produce::hand_over(kafka, request, session.sub()).await;
+                return Ok(Step::Owed(Box::pin(async move {
+                    let response = produced.answer().await;
+                    if acks == 0 {
+                        return Ok((None, None));
+                    }
+                    frame_answer(&head, response_header_version, &response).map(|a| (Some(a), None))
+                })));
             }
-            frame_answer(&head, response_header_version, &response).map(|a| (Some(a), None))
         }
         ApiKey::InitProducerId => serve!(
             m::InitProducerIdRequest,
@@ -385,5 +494,5 @@ async fn answer(mut frame: Bytes, kafka: &Kafka, session: &mut Session) -> Resul
     };
     // A body with bytes left over is still answered; only one that does not decode closes
     // the connection.
-    answer
+    answer.map(Step::Ready)
 }

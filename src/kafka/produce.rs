@@ -15,6 +15,7 @@
 //! neither stored nor spooled; `REQUEST_TIMED_OUT` (retriable) when the write path is full;
 //! `POLICY_VIOLATION` when the queue refused them (`maxSize`, encryption without a key).
 
+use broker_actors::registry::Handed;
 use broker_actors::{Item, PartitionKey, PushError, Verdict};
 use futures_util::future::join_all;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
@@ -30,7 +31,7 @@ use crate::kafka::metadata::{storage_code, topic_counts};
 use crate::kafka::record::{self, Parts};
 use crate::kafka::{code, Kafka};
 use crate::protocol::time::now_micros;
-use crate::state::{admit, push_cost, ITEM_MEMORY_BYTES};
+use crate::state::{admit, push_cost, Admission, ITEM_MEMORY_BYTES};
 use crate::storage::push::dedup::key_hash;
 
 /// One partition of a produce on its way through.
@@ -146,12 +147,28 @@ pub fn items_of(
     Ok(items)
 }
 
-/// Produce; the records carry `producer_sub` (the SASL caller's `sub`) as `producerSub`.
-pub async fn produce(
-    kafka: &Kafka,
+/// A produce whose records the partition actors hold: what is left is to wait for their
+/// verdicts and answer ([`Produced::answer`]).
+pub struct Produced<'a> {
+    kafka: &'a Kafka,
+    acks: i16,
+    slots: Vec<Slot>,
+    response: ProduceResponse,
+    handed: Vec<(usize, PartitionKey, Result<Handed, PushError>)>,
+    /// The write path's share this produce holds until its verdicts are in.
+    admission: Option<Admission>,
+}
+
+/// The first half of a produce (the records carry `producer_sub`, the SASL caller's `sub`, as
+/// `producerSub`): checks the topics, decodes the records and hands each
+/// partition's items to its actor, returning once every actor holds them. A connection
+/// awaits this for one request before the next, which keeps the order of its produces per
+/// partition while their commits overlap (`kafka::conn`).
+pub async fn hand_over<'a>(
+    kafka: &'a Kafka,
     request: ProduceRequest,
     producer_sub: Option<&str>,
-) -> ProduceResponse {
+) -> Produced<'a> {
     let state = &kafka.state;
     let names: Vec<String> = request
         .topic_data
@@ -234,83 +251,115 @@ pub async fn produce(
         }
         work.clear();
     }
-    let pushes = work.into_iter().map(|(slot, key, items)| {
-        let registry = state.registry.clone();
+    let hand_overs = work.into_iter().map(|(slot, key, items)| {
+        let registry = &state.registry;
         async move {
-            let verdicts = registry.push(&key, items).await;
-            (slot, key, verdicts)
+            let handed = registry.hand_over(&key, items).await;
+            (slot, key, handed)
         }
     });
-    let mut lookups: Vec<(usize, String, String, String)> = Vec::new();
-    for (slot, key, verdicts) in join_all(pushes).await {
-        let s = &mut slots[slot];
-        match verdicts {
-            Err(PushError::Overloaded(_)) => {
-                s.error = code::REQUEST_TIMED_OUT;
-                s.message = Some("the partition is overloaded; retry".into());
-            }
-            Err(e) => {
-                tracing::warn!(queue = %key.queue, partition = %key.partition, error = %e,
-                    "Kafka produce: the write path failed");
-                s.error = code::KAFKA_STORAGE_ERROR;
-                s.message = Some(e.to_string());
-            }
-            Ok(verdicts) => {
-                state.metrics.pushed(verdicts.iter().map(|v| v.as_str()));
-                kafka.metrics.produced(
-                    verdicts
-                        .iter()
-                        .filter(|v| matches!(v, Verdict::Queued | Verdict::Buffered))
-                        .count() as u64,
-                );
-                if verdicts.contains(&Verdict::Queued) && !state.wake.listening() {
-                    state.wake.wake(&key.queue, &key.partition);
-                }
-                if let Some(Verdict::Refused(why)) =
-                    verdicts.iter().find(|v| matches!(v, Verdict::Refused(_)))
-                {
-                    s.error = code::POLICY_VIOLATION;
-                    s.message = Some(why.message(&key.queue));
-                } else if verdicts.contains(&Verdict::Failed) {
-                    s.error = code::KAFKA_STORAGE_ERROR;
-                    s.message = Some("neither stored nor spooled; retry".into());
-                } else if matches!(
-                    verdicts.first(),
-                    Some(Verdict::Queued | Verdict::Duplicate(_))
-                ) {
-                    if let Some(first) = s.first_key.take() {
-                        lookups.push((
-                            slot,
-                            key.queue.to_string(),
-                            key.partition.to_string(),
-                            first,
-                        ));
-                    }
-                }
-                // All buffered: accepted, offsets unknown until the spool is replayed.
-            }
-        }
+    let handed = join_all(hand_overs).await;
+    Produced {
+        kafka,
+        acks: request.acks,
+        slots,
+        response,
+        handed,
+        admission,
     }
-    drop(admission);
+}
 
-    if request.acks != 0 && !lookups.is_empty() {
-        if let Err(e) = base_offsets(kafka, &mut slots, &lookups).await {
-            // Stored all the same: the client gets offset -1 rather than a retry that would
-            // store the records twice.
-            tracing::warn!(error = %e, "Kafka produce: looking up the stored offsets failed");
+impl Produced<'_> {
+    /// The second half of a produce: waits for the verdicts, finds the stored offsets and
+    /// makes the answer.
+    pub async fn answer(self) -> ProduceResponse {
+        let Produced {
+            kafka,
+            acks,
+            mut slots,
+            mut response,
+            handed,
+            admission,
+        } = self;
+        let state = &kafka.state;
+        let waits = handed.into_iter().map(|(slot, key, handed)| async move {
+            let verdicts = match handed {
+                Ok(handed) => handed.verdicts().await,
+                Err(e) => Err(e),
+            };
+            (slot, key, verdicts)
+        });
+        let mut lookups: Vec<(usize, String, String, String)> = Vec::new();
+        for (slot, key, verdicts) in join_all(waits).await {
+            let s = &mut slots[slot];
+            match verdicts {
+                Err(PushError::Overloaded(_)) => {
+                    s.error = code::REQUEST_TIMED_OUT;
+                    s.message = Some("the partition is overloaded; retry".into());
+                }
+                Err(e) => {
+                    tracing::warn!(queue = %key.queue, partition = %key.partition, error = %e,
+                        "Kafka produce: the write path failed");
+                    s.error = code::KAFKA_STORAGE_ERROR;
+                    s.message = Some(e.to_string());
+                }
+                Ok(verdicts) => {
+                    state.metrics.pushed(verdicts.iter().map(|v| v.as_str()));
+                    kafka.metrics.produced(
+                        verdicts
+                            .iter()
+                            .filter(|v| matches!(v, Verdict::Queued | Verdict::Buffered))
+                            .count() as u64,
+                    );
+                    if verdicts.contains(&Verdict::Queued) && !state.wake.listening() {
+                        state.wake.wake(&key.queue, &key.partition);
+                    }
+                    if let Some(Verdict::Refused(why)) =
+                        verdicts.iter().find(|v| matches!(v, Verdict::Refused(_)))
+                    {
+                        s.error = code::POLICY_VIOLATION;
+                        s.message = Some(why.message(&key.queue));
+                    } else if verdicts.contains(&Verdict::Failed) {
+                        s.error = code::KAFKA_STORAGE_ERROR;
+                        s.message = Some("neither stored nor spooled; retry".into());
+                    } else if matches!(
+                        verdicts.first(),
+                        Some(Verdict::Queued | Verdict::Duplicate(_))
+                    ) {
+                        if let Some(first) = s.first_key.take() {
+                            lookups.push((
+                                slot,
+                                key.queue.to_string(),
+                                key.partition.to_string(),
+                                first,
+                            ));
+                        }
+                    }
+                    // All buffered: accepted, offsets unknown until the spool is replayed.
+                }
+            }
         }
+        drop(admission);
+
+        if acks != 0 && !lookups.is_empty() {
+            if let Err(e) = base_offsets(kafka, &mut slots, &lookups).await {
+                // Stored all the same: the client gets offset -1 rather than a retry that
+                // would store the records twice.
+                tracing::warn!(error = %e, "Kafka produce: looking up the stored offsets failed");
+            }
+        }
+        for s in slots {
+            let mut p = PartitionProduceResponse::default();
+            p.index = s.index;
+            p.error_code = s.error;
+            p.base_offset = s.base_offset;
+            p.log_append_time_ms = -1;
+            p.log_start_offset = -1;
+            p.error_message = s.message.map(StrBytes::from_string);
+            response.responses[s.topic].partition_responses.push(p);
+        }
+        response
     }
-    for s in slots {
-        let mut p = PartitionProduceResponse::default();
-        p.index = s.index;
-        p.error_code = s.error;
-        p.base_offset = s.base_offset;
-        p.log_append_time_ms = -1;
-        p.log_start_offset = -1;
-        p.error_message = s.message.map(StrBytes::from_string);
-        response.responses[s.topic].partition_responses.push(p);
-    }
-    response
 }
 
 /// Fills in the base offsets of stored partitions, found through the dedup sidecar.

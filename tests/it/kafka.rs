@@ -36,7 +36,8 @@ use tokio::net::TcpStream;
 
 use crate::support::auth;
 use crate::support::consuming::{messages, pop_partition};
-use crate::support::{fresh_db, spawn_app_with, test_settings, TestApp, TestDb};
+use crate::support::{eventually, fresh_db, spawn_app_with, test_settings, TestApp, TestDb};
+use queen_broker::state::{inflight_bytes, ITEM_MEMORY_BYTES};
 
 async fn kafka_app(db: &TestDb, extra: &[(&str, &str)]) -> (TestApp, u16) {
     let mut vars = vec![("QUEEN_KAFKA_PORT", "0")];
@@ -87,6 +88,12 @@ impl Conn {
         version: i16,
         request: &Req,
     ) -> Resp {
+        let correlation = self.send(key, version, request).await;
+        self.receive(key, version, correlation).await
+    }
+
+    /// Sends a request without reading its answer; returns its correlation id.
+    async fn send<Req: Encodable>(&mut self, key: ApiKey, version: i16, request: &Req) -> i32 {
         self.correlation += 1;
         let mut header = RequestHeader::default();
         header.request_api_key = key as i16;
@@ -99,10 +106,23 @@ impl Conn {
             .expect("header encodes");
         request.encode(&mut buf, version).expect("request encodes");
         self.send_frame(&buf).await;
+        self.correlation
+    }
+
+    /// Reads the next answer, which must be the one to request `correlation`, and decodes it.
+    async fn receive<Resp: Decodable>(
+        &mut self,
+        key: ApiKey,
+        version: i16,
+        correlation: i32,
+    ) -> Resp {
         let mut answer = self.read_frame().await.expect("an answer");
         let header = ResponseHeader::decode(&mut answer, key.response_header_version(version))
             .expect("response header");
-        assert_eq!(header.correlation_id, self.correlation);
+        assert_eq!(
+            header.correlation_id, correlation,
+            "answers come in request order"
+        );
         Resp::decode(&mut answer, version).expect("response decodes")
     }
 
@@ -520,6 +540,113 @@ async fn produced_records_are_fetched_with_keys_and_headers_and_popped_over_http
         .call(ApiKey::Fetch, 12, &fetch_request("orders", 0, 99, 0))
         .await;
     assert_eq!(answer.responses[0].partitions[0].error_code, 1);
+}
+
+/// A producer sends many requests ahead of its answers over one connection (librdkafka does):
+/// they commit side by side, yet are stored and answered in request order, and a request of
+/// another API after them sees everything they produced.
+#[actix_web::test]
+async fn pipelined_produces_are_stored_and_answered_in_request_order() {
+    let db = fresh_db().await;
+    let (app, port) = kafka_app(&db, &[]).await;
+    let mut conn = Conn::open(port).await;
+    create_topic(&mut conn, "piped", 2).await;
+    const REQUESTS: usize = 40;
+    const PER_REQUEST: usize = 5;
+    // Commits wait behind this lock until the produces are all read, so their answers are
+    // owed side by side (a commit gives up, and spools, only after 10 s).
+    let mut blocker = db.conn().await;
+    sqlx::query("BEGIN")
+        .execute(&mut blocker)
+        .await
+        .expect("begin");
+    sqlx::query("LOCK TABLE queen.segments IN SHARE MODE")
+        .execute(&mut blocker)
+        .await
+        .expect("lock");
+    let mut produces = Vec::new();
+    for r in 0..REQUESTS {
+        let records: Vec<Record> = (0..PER_REQUEST)
+            .map(|i| {
+                let mut record = record(i as i64, None, b"{}", None);
+                record.value = Some(Bytes::from(format!(r#"{{"n":{}}}"#, r * PER_REQUEST + i)));
+                record
+            })
+            .collect();
+        // Every request writes partition 0; every other one partition 1 as well.
+        let mut request = produce_request("piped", 0, batch(&records, Compression::None), -1);
+        if r % 2 == 0 {
+            let mut also = request.topic_data[0].partition_data[0].clone();
+            also.index = 1;
+            request.topic_data[0].partition_data.push(also);
+        }
+        produces.push(conn.send(ApiKey::Produce, 9, &request).await);
+    }
+    let mut p = ListOffsetsPartition::default();
+    p.partition_index = 0;
+    p.current_leader_epoch = -1;
+    p.timestamp = -1;
+    let mut t = ListOffsetsTopic::default();
+    t.name = TopicName(StrBytes::from_static_str("piped"));
+    t.partitions = vec![p];
+    let mut latest = ListOffsetsRequest::default();
+    latest.replica_id = BrokerId(-1);
+    latest.topics = vec![t];
+    let listed = conn.send(ApiKey::ListOffsets, 5, &latest).await;
+    // Read one request at a time, at most one produce's items would be admitted at once.
+    let many = 10 * PER_REQUEST * ITEM_MEMORY_BYTES;
+    eventually(
+        Duration::from_secs(5),
+        "many produces in flight",
+        || async { (inflight_bytes(&app.broker.state) >= many).then_some(()) },
+    )
+    .await;
+    sqlx::query("COMMIT")
+        .execute(&mut blocker)
+        .await
+        .expect("commit");
+
+    let mut bases = Vec::new();
+    for correlation in produces {
+        let answer: ProduceResponse = conn.receive(ApiKey::Produce, 9, correlation).await;
+        for p in &answer.responses[0].partition_responses {
+            assert_eq!(
+                p.error_code, 0,
+                "request {correlation} partition {}",
+                p.index
+            );
+        }
+        bases.push(answer.responses[0].partition_responses[0].base_offset);
+    }
+    let want: Vec<i64> = (0..REQUESTS).map(|r| (r * PER_REQUEST) as i64).collect();
+    assert_eq!(
+        bases, want,
+        "partition 0's base offsets follow the request order"
+    );
+    let answer: ListOffsetsResponse = conn.receive(ApiKey::ListOffsets, 5, listed).await;
+    assert_eq!(
+        answer.topics[0].partitions[0].offset,
+        (REQUESTS * PER_REQUEST) as i64,
+        "a ListOffsets sent after the produces sees all of them"
+    );
+
+    let payload_order = |stored: Vec<crate::support::Stored>| -> Vec<i64> {
+        stored
+            .iter()
+            .map(|m| {
+                let value: serde_json::Value =
+                    serde_json::from_str(&m.payload).expect("a JSON payload");
+                value["n"].as_i64().expect("n")
+            })
+            .collect()
+    };
+    let all: Vec<i64> = (0..(REQUESTS * PER_REQUEST) as i64).collect();
+    assert_eq!(payload_order(db.stored("piped", "0").await), all);
+    let even: Vec<i64> = (0..REQUESTS)
+        .filter(|r| r % 2 == 0)
+        .flat_map(|r| (r * PER_REQUEST..(r + 1) * PER_REQUEST).map(|n| n as i64))
+        .collect();
+    assert_eq!(payload_order(db.stored("piped", "1").await), even);
 }
 
 #[actix_web::test]
