@@ -26,6 +26,7 @@
 //! A group names another group's items by their full path (`crate::storage::push::commit`);
 //! the imports between groups point one way (`scripts/check-layers` checks it).
 
+pub mod begin;
 pub mod cluster;
 pub mod consume;
 pub mod error;

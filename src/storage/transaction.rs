@@ -174,7 +174,7 @@ pub async fn apply(
         partitions::uuids(conn, &ids).await?
     };
 
-    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let mut tx = crate::storage::begin::begin(&mut *conn).await?;
     let mut results: Vec<Option<OpResult>> = Vec::new();
     results.resize_with(req.results, || None);
     let fail = |results: Vec<Option<OpResult>>, error: String| Outcome {

@@ -198,6 +198,42 @@ async fn a_cancel_that_waits_for_a_fire_in_progress_is_too_late() {
     assert_eq!(c.body["txn"], "txn-k", "the fired timer's txn");
 }
 
+/// A firing round whose link to PostgreSQL went half-open mid-transaction: its backend sits
+/// idle in the transaction holding the claimed rows, which every broker's round skips. The
+/// server ends that transaction after `storage::begin::IDLE_IN_TRANSACTION` (its `begin`
+/// sets the bound), and the timer fires. In the chaos run with half-open links 691 timers
+/// stayed unfired for good before this bound.
+#[actix_web::test]
+async fn timers_claimed_by_a_round_cut_off_mid_transaction_are_freed_and_fired() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    batch(&app, vec![schedule_op("cut", "k", &json!(1), 300)]).await;
+    // Stand in for the cut-off round: claim the row as a round does, then say nothing more.
+    let mut frozen = db.conn().await;
+    let mut tx = queen_broker::storage::begin::begin(&mut frozen)
+        .await
+        .expect("begin");
+    let held: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT 1 FROM queen.timers WHERE queue = 'cut' FOR UPDATE) AS r",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .expect("claim");
+    assert_eq!(held, 1, "claimed before the broker fired it");
+    let limit = queen_broker::storage::begin::IDLE_IN_TRANSACTION + Duration::from_secs(10);
+    eventually(limit, "the claimed timer fired", || async {
+        (rows_left(&db).await == 0).then_some(())
+    })
+    .await;
+    let popped = messages(&pop(&app, "cut", "batch=5&wait=false").await);
+    assert_eq!(popped.len(), 1, "fired once");
+    let after = sqlx::query("SELECT 1").execute(&mut *tx).await;
+    assert!(
+        after.is_err(),
+        "the server ended the idle transaction's session: {after:?}"
+    );
+}
+
 #[actix_web::test]
 async fn reschedule_moves_the_delivery_and_delivers_the_new_payload_and_id() {
     let db = fresh_db().await;

@@ -163,7 +163,7 @@ pub(crate) async fn open(
         // A new group starts its scan at the current xmin: everything written before it
         // subscribed is history it does not want. Durable even on the lease pool's
         // asynchronous-commit sessions: where a group starts must not move after a crash.
-        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        let mut tx = crate::storage::begin::begin(&mut *conn).await?;
         sqlx::query("SET LOCAL synchronous_commit = on")
             .execute(&mut *tx)
             .await?;

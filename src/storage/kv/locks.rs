@@ -133,7 +133,7 @@ pub fn permit_key(name: &str, slot: u32) -> String {
 ///
 /// Any database error (nothing applied).
 pub async fn apply(conn: &mut PgConnection, op: &LockOp) -> Result<LockOutcome, StorageError> {
-    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let mut tx = crate::storage::begin::begin(&mut *conn).await?;
     let name = match op {
         LockOp::Acquire { name, .. }
         | LockOp::Renew { name, .. }

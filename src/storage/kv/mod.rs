@@ -275,7 +275,7 @@ pub async fn run_batch(conn: &mut PgConnection, ops: &[Op]) -> Result<Batch, Sto
             failed: None,
         });
     }
-    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let mut tx = crate::storage::begin::begin(&mut *conn).await?;
     let batch = apply_ops(&mut tx, ops).await?;
     if batch.failed.is_some() {
         tx.rollback().await?;

@@ -113,7 +113,7 @@ pub async fn fire_due(
     let ids = partitions::resolve_ids(conn, &refs).await?;
 
     // 2. Claim.
-    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let mut tx = crate::storage::begin::begin(&mut *conn).await?;
     let claimed: Vec<Claimed> = sqlx::query_as(
         "SELECT queue, timer_key, partition_name, payload, txn, message_id, producer_sub,
                 attempts,
@@ -254,11 +254,16 @@ pub async fn fire_due(
 /// timers then fire late, never lost). After each commit, long-polls on this broker are woken
 /// directly when the LISTEN connection is down (otherwise the commit's NOTIFY does it, on
 /// every broker).
+///
+/// A round unanswered within `round_limit` (a half-open link: PostgreSQL's own timeouts never
+/// hear of it) is given up with its connection; the server ends its transaction, and frees
+/// the timers it claimed, after [`IDLE_IN_TRANSACTION`](crate::storage::begin::IDLE_IN_TRANSACTION).
 pub async fn fire_loop(
     pool: PgPool,
     key: Option<PayloadKey>,
     hub: Arc<WakeHub>,
     spool: Arc<SpoolState>,
+    round_limit: Duration,
 ) {
     let mut last_failure: Option<String> = None;
     loop {
@@ -270,7 +275,13 @@ pub async fn fire_loop(
             let mut conn = pool.acquire().await?;
             fire_due(&mut conn, key.as_ref(), FIRE_BATCH).await
         };
-        match round.await {
+        let Ok(answered) = tokio::time::timeout(round_limit, round).await else {
+            tracing::warn!(limit = ?round_limit,
+                "a timer round went unanswered (half-open connection?); it is given up and retried");
+            tokio::time::sleep(FIRE_BACKOFF).await;
+            continue;
+        };
+        match answered {
             Ok(fired) => {
                 last_failure = None;
                 if fired.claimed > 0 {

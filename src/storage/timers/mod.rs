@@ -200,7 +200,7 @@ pub async fn apply_alone(
     conn: &mut PgConnection,
     ops: &[TimerOp],
 ) -> Result<Vec<TimerResult>, StorageError> {
-    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let mut tx = crate::storage::begin::begin(&mut *conn).await?;
     let results = apply(&mut tx, ops).await?;
     tx.commit().await?;
     Ok(results)
