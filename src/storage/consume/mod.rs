@@ -859,6 +859,12 @@ impl Collect<'_, '_> {
                 (committed, retry_count, next_offset, Vec::new(), deleted)
             }
         };
+        // This pop holds the partition now: an offer of it waiting here (its write's notice, a
+        // release) is stale, and the next one-statement pop would spend a claim on it (as
+        // `ready::claim_and_deliver` drops the offer of a partition the lists gave it).
+        self.req
+            .handoffs
+            .forget(self.req.queue, self.req.group, row.id);
         self.deliver(
             &mut LazyConn::Held(conn),
             Claimed {
