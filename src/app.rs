@@ -367,7 +367,7 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
         payload_key.clone(),
         hub.clone(),
         spool_state.clone(),
-        settings.statement_timeout + Duration::from_secs(1),
+        settings.commit_timeout,
     ));
 
     // Every written partition is offered to the pops of its queue on this broker.

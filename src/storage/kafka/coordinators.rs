@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use sqlx::{Connection, PgConnection};
+use sqlx::PgConnection;
 
 use crate::storage::error::StorageError;
 
@@ -63,7 +63,7 @@ pub async fn register_broker(
     port: i32,
     lease: Duration,
 ) -> Result<Registered, StorageError> {
-    let mut tx = conn.begin().await?;
+    let mut tx = crate::storage::begin::begin(&mut *conn).await?;
     let earlier: Option<i32> = sqlx::query_scalar(
         "SELECT node_id FROM queen.kafka_brokers
           WHERE host = $1 AND port = $2 AND lease_until < now()

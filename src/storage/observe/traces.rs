@@ -5,7 +5,7 @@
 //! given. Trace data is JSON text, stored and sent back verbatim.
 
 use chrono::{DateTime, Utc};
-use sqlx::{Connection, PgConnection};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::storage::error::StorageError;
@@ -43,7 +43,7 @@ pub async fn record(
     else {
         return Ok(None);
     };
-    let mut tx = conn.begin().await?;
+    let mut tx = crate::storage::begin::begin(&mut *conn).await?;
     let id: Uuid = sqlx::query_scalar(
         "INSERT INTO queen.message_traces
                 (partition_id, transaction_id, message_id, consumer_group, event_type, data, worker_id)

@@ -6,7 +6,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::{Connection, PgConnection};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::storage::error::StorageError;
@@ -101,7 +101,7 @@ pub async fn configure(
     task: &str,
     o: &QueueOptions,
 ) -> Result<Configured, StorageError> {
-    let mut tx = conn.begin().await?;
+    let mut tx = crate::storage::begin::begin(&mut *conn).await?;
     let updates = OPTION_COLUMNS
         .split(", ")
         .map(|c| format!("{c} = EXCLUDED.{c}"))
@@ -290,7 +290,7 @@ pub async fn counts(conn: &mut PgConnection) -> Result<(i64, i64, i64), StorageE
 ///
 /// Any database error.
 pub async fn delete(conn: &mut PgConnection, name: &str) -> Result<bool, StorageError> {
-    let mut tx = conn.begin().await?;
+    let mut tx = crate::storage::begin::begin(&mut *conn).await?;
     let queue_id: Option<i64> =
         sqlx::query_scalar("SELECT id FROM queen.queues WHERE name = $1 FOR UPDATE")
             .bind(name)

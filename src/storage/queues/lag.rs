@@ -331,7 +331,7 @@ async fn store(
     time: Spread,
     offset: Spread,
 ) -> Result<PassInfo, StorageError> {
-    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let mut tx = crate::storage::begin::begin(&mut *conn).await?;
     sqlx::query("DELETE FROM queen.lag_totals")
         .execute(&mut *tx)
         .await?;

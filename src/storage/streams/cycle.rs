@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use broker_actors::store::SegmentWrite;
 use broker_actors::{Item, PartitionKey, Verdict};
-use sqlx::{Connection, PgConnection};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::storage::consume::acks::{self, Ack, AckMode, AckStatus};
@@ -228,7 +228,7 @@ pub async fn run(
     };
 
     // Dropping `tx` on any early return rolls back.
-    let mut tx = conn.begin().await?;
+    let mut tx = crate::storage::begin::begin(&mut *conn).await?;
     // The query's advisory lock, shared: a reset (exclusive) is wholly before or after this
     // cycle. Read committed: the statements after this one see what a reset committed.
     let bounds: Option<(i64, i64)> = sqlx::query_as(

@@ -24,7 +24,7 @@ pub mod cycle;
 pub const QUERY_LOCK: i32 = 0x5153_5452; // "QSTR"
 
 use chrono::{DateTime, Utc};
-use sqlx::{Connection, PgConnection};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::storage::error::StorageError;
@@ -77,7 +77,7 @@ pub async fn register(
     conn: &mut PgConnection,
     reg: &Registration,
 ) -> Result<Registered, StorageError> {
-    let mut tx = conn.begin().await?;
+    let mut tx = crate::storage::begin::begin(&mut *conn).await?;
     let inserted: Option<Uuid> = sqlx::query_scalar(
         "INSERT INTO queen.stream_queries (id, name, source_queue, sink_queue, config_hash)
          VALUES ($1, $2, $3, $4, $5)

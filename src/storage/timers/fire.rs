@@ -255,8 +255,8 @@ pub async fn fire_due(
 /// directly when the LISTEN connection is down (otherwise the commit's NOTIFY does it, on
 /// every broker).
 ///
-/// A round unanswered within `round_limit` (a half-open link: PostgreSQL's own timeouts never
-/// hear of it) is given up with its connection; the server ends its transaction, and frees
+/// A round unanswered within `round_limit` (`QUEEN_COMMIT_TIMEOUT_MS`, as for a commit; a
+/// half-open link: PostgreSQL's own timeouts never hear of it) is given up with its connection; the server ends its transaction, and frees
 /// the timers it claimed, after [`IDLE_IN_TRANSACTION`](crate::storage::begin::IDLE_IN_TRANSACTION).
 pub async fn fire_loop(
     pool: PgPool,
