@@ -150,7 +150,7 @@ async fn general(state: &AppState, acks: &[Ack]) -> Result<Vec<AckOutcome>, Stor
         return Ok(Vec::new());
     }
     let mut conn = state.pool.acquire().await?;
-    let mut tx = crate::storage::begin::begin(&mut *conn).await?;
+    let mut tx = crate::storage::begin::begin(&mut conn).await?;
     let outcomes = acks::apply(&mut tx, &state.cache, acks, AckMode::Consume).await?;
     tx.commit().await?;
     Ok(outcomes)
