@@ -215,6 +215,12 @@ impl<'c, DB: Database> crate::acquire::Acquire<'c> for &'c mut PoolConnection<DB
 /// Returns the connection to the [`Pool`][crate::pool::Pool] it was checked-out from.
 impl<DB: Database> Drop for PoolConnection<DB> {
     fn drop(&mut self) {
+        // Patched (vendor/README.md): dropped where no runtime runs (a process ending after
+        // its runtime stopped), the connection goes with its socket instead of panicking in
+        // `spawn`; the pool is going too.
+        if !crate::rt::can_spawn() {
+            return;
+        }
         if self.close_on_drop {
             crate::rt::spawn(self.take_and_close());
             return;

@@ -57,6 +57,15 @@ pub async fn sleep(duration: Duration) {
     missing_rt(duration)
 }
 
+/// Patched (vendor/README.md): whether [`spawn`] has a runtime to spawn on here.
+pub fn can_spawn() -> bool {
+    #[cfg(feature = "_rt-tokio")]
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return true;
+    }
+    cfg!(feature = "_rt-async-std")
+}
+
 #[track_caller]
 pub fn spawn<F>(fut: F) -> JoinHandle<F::Output>
 where
