@@ -40,7 +40,7 @@
 //! CI size by default (6 partitions, 6 000 messages, every fault at least once: about a
 //! minute). The long form (docs/operations.md, "The chaos run"):
 //! `QUEEN_CHAOS_LONG=1 cargo test --release --test it chaos:: -- --nocapture` (10 M messages,
-//! 108 faults: nine rounds of the twelve kinds); `QUEEN_CHAOS_MESSAGES=N` and
+//! 108 faults: nine rounds of the twelve kinds; 117 with the half-open kind); `QUEEN_CHAOS_MESSAGES=N` and
 //! `QUEEN_CHAOS_FAULTS=N` set other counts, either form. libfaketime is needed for the clock
 //! fault (`QUEEN_REQUIRE_FAKETIME=1`, set by `.ci/run`, makes its absence a failure).
 
