@@ -9,7 +9,7 @@
 //! Produces are pipelined: a producer sends all its batches over one connection, several
 //! requests ahead of its answers, so a produce is handed to its partition actors (which keep
 //! the order of what they are handed) and the next request is read while it commits, up to
-//! [`PRODUCES_IN_FLIGHT`]. Every other request waits until the answers owed before it are
+//! `PRODUCES_IN_FLIGHT` (32). Every other request waits until the answers owed before it are
 //! written, so it is served as if requests came one at a time.
 //!
 //! Each connection carries its SASL session (`kafka::sasl`): with JWT auth on, only
