@@ -171,15 +171,16 @@ async fn read_frames<'a>(
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(Closed::Eof),
             Ok(r) => r?,
         };
-        let produce = !session.expects_raw_token()
-            && i16::from_be_bytes([frame[0], frame[1]]) == ApiKey::Produce as i16;
+        let raw_token = session.expects_raw_token();
+        let produce =
+            !raw_token && i16::from_be_bytes([frame[0], frame[1]]) == ApiKey::Produce as i16;
         if !produce {
             // Served one at a time: every earlier answer is written first.
             if written.wait_for(|w| *w == sent).await.is_err() {
                 return Ok(());
             }
         }
-        let step: LocalBoxFuture<'a, Result<Answer, Closed>> = if session.expects_raw_token() {
+        let step: LocalBoxFuture<'a, Result<Answer, Closed>> = if raw_token {
             session.raw_token(kafka.verifier.as_deref(), &frame).await?;
             let answer: Answer = (
                 Some(BytesMut::from(&crate::kafka::sasl::raw_success()[..])),
@@ -427,24 +428,24 @@ async fn answer<'a>(
         ApiKey::Produce => {
             let request: m::ProduceRequest = decode(&head, &mut body)?;
             let acks = request.acks;
-            if !allowed {
-                let response = access::produce(request, version);
+            // Allowed, the records are with their partition actors once `hand_over` returns;
+            // the answer waits for their commits while the connection reads on.
+            let response: LocalBoxFuture<'a, m::ProduceResponse> = if allowed {
+                Box::pin(
+                    produce::hand_over(kafka, request, session.sub())
+                        .await
+                        .answer(),
+                )
+            } else {
+                Box::pin(std::future::ready(access::produce(request, version)))
+            };
+            return Ok(Step::Owed(Box::pin(async move {
+                let response = response.await;
                 if acks == 0 {
-                    return Ok(Step::Ready((None, None)));
+                    return Ok((None, None));
                 }
                 frame_answer(&head, response_header_version, &response).map(|a| (Some(a), None))
-            } else {
-                // The records are with their partition actors once this returns; the answer
-                // waits for their commits while the connection reads on.
-                let produced = produce::hand_over(kafka, request, session.sub()).await;
-                return Ok(Step::Owed(Box::pin(async move {
-                    let response = produced.answer().await;
-                    if acks == 0 {
-                        return Ok((None, None));
-                    }
-                    frame_answer(&head, response_header_version, &response).map(|a| (Some(a), None))
-                })));
-            }
+            })));
         }
         ApiKey::InitProducerId => serve!(
             m::InitProducerIdRequest,
