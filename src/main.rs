@@ -37,6 +37,9 @@ fn main() -> ExitCode {
     };
     // `tracing` events reach env_logger through tracing's `log` bridge (no subscriber is set).
     queen_broker::logging::init(&settings.log_level, settings.log_json);
+    // The layout of written segments is the process's, fixed here (brokers started in-process,
+    // as the tests start them, write the default).
+    queen_broker::storage::segments::frames::write_items(settings.segment_items);
     match actix_web::rt::System::new().block_on(queen_broker::app::run(settings)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -34,6 +34,8 @@ pub struct FanoutMeasurement {
     pub groups: usize,
     /// Consumers per group.
     pub consumers_per_group: usize,
+    /// The consumers popped with `autopilot=true`.
+    pub autopilot: bool,
     /// msg/s the producers offered (None: as fast as answered).
     pub offered_msgs_per_sec: Option<f64>,
     /// msg/s the producers got queued in the window.
@@ -93,6 +95,16 @@ fn queued_before(logs: &[ProducerLog], at: Instant) -> u64 {
         .sum()
 }
 
+/// How each group's consumers pop.
+#[derive(Clone, Copy, Debug)]
+pub struct GroupPops {
+    /// Consumers per group.
+    pub consumers: usize,
+    /// `autopilot=true` (the 2.6 client's default) instead of fixed pops of 100 from one
+    /// partition.
+    pub autopilot: bool,
+}
+
 /// Measures `groups` groups (0: push only) once, on a fresh database with its own broker; the
 /// producers offer `pace` msg/s (None: as fast as answered).
 ///
@@ -104,21 +116,12 @@ pub async fn measure(
     params: &Params,
     round: usize,
     groups: usize,
-    consumers_per_group: usize,
+    pops: GroupPops,
     pace: Option<f64>,
 ) -> Result<FanoutMeasurement, BoxError> {
     let name = server.create_database().await?;
     let url = server.url(&name);
-    let result = measure_in(
-        server,
-        params,
-        &url,
-        round,
-        groups,
-        consumers_per_group,
-        pace,
-    )
-    .await;
+    let result = measure_in(server, params, &url, round, groups, pops, pace).await;
     server.drop_database(&name).await?;
     result
 }
@@ -129,7 +132,7 @@ async fn measure_in(
     url: &str,
     round: usize,
     groups: usize,
-    consumers_per_group: usize,
+    pops: GroupPops,
     pace: Option<f64>,
 ) -> Result<FanoutMeasurement, BoxError> {
     let mut conn = PgConnection::connect(url).await?;
@@ -154,10 +157,11 @@ async fn measure_in(
             group: Some(format!("g{g}")),
             wait: true,
             batch: POP_BATCH,
+            autopilot: pops.autopilot,
         };
         consumers.extend(wire::consumers(
             broker.port,
-            consumers_per_group,
+            pops.consumers,
             &opts,
             window,
             stop.clone(),
@@ -225,7 +229,8 @@ async fn measure_in(
     Ok(FanoutMeasurement {
         round,
         groups,
-        consumers_per_group,
+        consumers_per_group: pops.consumers,
+        autopilot: pops.autopilot,
         offered_msgs_per_sec: pace,
         produced_msgs_per_sec: produced as f64 / window.secs(),
         delivered_msgs_per_sec,

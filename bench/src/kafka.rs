@@ -674,6 +674,7 @@ async fn measure_in(
                 group: Some("bench-http".into()),
                 wait: false,
                 batch: POP_BATCH,
+                autopilot: false,
             };
             let stop = Arc::new(AtomicBool::new(false));
             let delivered = Arc::new(AtomicU64::new(0));

@@ -234,6 +234,10 @@ struct Args {
     /// Consumers per group in the fan-out suite.
     #[arg(long, value_name = "N", default_value_t = 4)]
     fanout_consumers: usize,
+    /// The fan-out suite's consumers pop with `autopilot=true` (the 2.6 client's default: the
+    /// broker sizes batch and partitions per pop) instead of pops of 100 from one partition.
+    #[arg(long)]
+    fanout_autopilot: bool,
     /// Rate the fan-out suite's producers offer, percent of the same round's push-only msg/s.
     #[arg(long, value_name = "PERCENT", default_value_t = 50)]
     fanout_pace: u32,
@@ -292,6 +296,7 @@ struct Options {
     autopilot_rates: Vec<u32>,
     fanout_groups: Vec<usize>,
     fanout_consumers: usize,
+    fanout_autopilot: bool,
     fanout_pace: u32,
     tansu_dir: Option<PathBuf>,
 }
@@ -390,6 +395,7 @@ impl Options {
                 g
             },
             fanout_consumers: a.fanout_consumers,
+            fanout_autopilot: a.fanout_autopilot,
             fanout_pace: a.fanout_pace,
             tansu_dir: a.tansu_dir.or_else(kafka::default_tansu_dir),
         };
@@ -923,7 +929,7 @@ async fn run_on(
             "autopilot": autopilot_rows,
             "wire": { "rows": wire_rows, "goals": wire::goals(&wire_rows), "measurements": wire_all },
             "fanout": {
-                "groups": o.fanout_groups, "consumers_per_group": o.fanout_consumers,
+                "groups": o.fanout_groups, "consumers_per_group": o.fanout_consumers, "autopilot": o.fanout_autopilot,
                 "pace_pct": o.fanout_pace, "rows": fanout_rows, "measurements": fanout_all,
             },
             "kafka": { "rows": kafka_rows, "goals": kafka::goals(&kafka_rows), "measurements": kafka_all },
@@ -1014,7 +1020,15 @@ async fn run_fanout(
         return Ok(all);
     }
     for round in 0..o.rounds {
-        let push_only = fanout::measure(server, params, round, 0, 0, None).await?;
+        let none = fanout::GroupPops {
+            consumers: 0,
+            autopilot: false,
+        };
+        let pops = fanout::GroupPops {
+            consumers: o.fanout_consumers,
+            autopilot: o.fanout_autopilot,
+        };
+        let push_only = fanout::measure(server, params, round, 0, none, None).await?;
         let pace = push_only.produced_msgs_per_sec * f64::from(o.fanout_pace) / 100.0;
         eprintln!(
             "[fanout {:>4.0}s] round {} push only {:>9.0} msg/s; offering {pace:.0} msg/s",
@@ -1027,8 +1041,7 @@ async fn run_fanout(
         let n = groups.len();
         groups.rotate_left(round % n);
         for g in groups {
-            let m =
-                fanout::measure(server, params, round, g, o.fanout_consumers, Some(pace)).await?;
+            let m = fanout::measure(server, params, round, g, pops, Some(pace)).await?;
             eprintln!(
                 "[fanout {:>4.0}s] round {} {g:>2} group(s): produced {:>8.0} msg/s, delivered {:>8.0}/s (groups {:?}), lag at end {:?}, broker {:.1} µs/deliv, pg {:.1} µs/deliv, cache hits {} misses {}{}",
                 started.elapsed().as_secs_f64(),

@@ -500,6 +500,9 @@ pub struct PopOptions {
     pub wait: bool,
     /// Messages per pop.
     pub batch: usize,
+    /// `autopilot=true` (the 2.6 client's default): the broker sizes batch and partitions per
+    /// pop.
+    pub autopilot: bool,
 }
 
 impl PopOptions {
@@ -515,6 +518,9 @@ impl PopOptions {
         }
         if self.framed {
             p.push_str("&frames=true");
+        }
+        if self.autopilot {
+            p.push_str("&autopilot=true");
         }
         p
     }
@@ -810,6 +816,7 @@ async fn measure_in(
             group: None,
             wait: false,
             batch: POP_BATCH,
+            autopilot: false,
         };
         let stop = Arc::new(AtomicBool::new(false));
         let delivered = Arc::new(AtomicU64::new(0));

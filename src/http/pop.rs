@@ -501,6 +501,7 @@ async fn serve(
                     state.payload_key.as_ref(),
                     &mut cuts,
                     &echo,
+                    state.settings.pop_frames_compress_from,
                 )
             } else {
                 None
@@ -758,15 +759,15 @@ fn respond(
         .body(out))
 }
 
-/// Record frames of at least this many bytes (a claim's run of one arrival time) go as one zstd
-/// frame; smaller ones raw, where compressing costs more than the bytes it saves.
-const COMPRESS_FROM: usize = 4096;
-
 /// The framed answer `QPF1` (docs/binary-wire.md "Framed pop") of a pop that asked for
-/// `frames=true`, with the same messages, lease, group and echo as [`respond`] writes. `None`
-/// when the answer cannot be framed, and the caller answers JSON (which a client that asked
-/// for frames reads as well): a trace id that is not a UUID (a frame carries 16 bytes; trace
-/// ids of transaction pushes are free text), or a field too long for its length word.
+/// `frames=true`, with the same messages, lease, group and echo as [`respond`] writes. A claim
+/// whose segments are in the framed layout sends its stored record frames as they are; the
+/// others' messages are framed here. Records are compressed when the answer's payloads come to
+/// `compress_from` bytes (0: never). `None` when the answer cannot be framed, and the caller
+/// answers JSON (which a client that asked for frames reads as well): a trace id that is not a
+/// UUID (a frame carries 16 bytes; trace ids of transaction pushes are free text), or a field
+/// too long for its length word.
+#[allow(clippy::too_many_arguments)]
 fn respond_framed(
     state_cache: &SegmentCache,
     popped: &Popped,
@@ -775,18 +776,12 @@ fn respond_framed(
     key: Option<&PayloadKey>,
     cuts: &mut Vec<Cut>,
     echo: &Echo,
+    compress_from: usize,
 ) -> Option<Result<HttpResponse, ApiError>> {
-    // Checked before any payload is opened, so a fallback leaves `cuts` untouched.
-    let mut traces = Vec::with_capacity(decoded.iter().map(|(_, f)| f.len()).sum());
-    for (_, frames) in decoded {
-        for (_, f) in frames {
-            traces.push(match f.trace_id {
-                None => None,
-                Some(t) => Some(uuid::Uuid::parse_str(t).ok()?),
-            });
-        }
-    }
-    let mut traces = traces.into_iter();
+    let mut claims = Vec::with_capacity(decoded.len());
+    let mut payload_bytes = 0;
+    // Sealed payloads are opened into `opened` before any claim borrows them; a cut found
+    // there (an unopenable message) ends its claim's messages.
     let mut opened: Vec<Vec<String>> = Vec::with_capacity(decoded.len());
     let mut found_cuts = Vec::new();
     for (i, (_, frames)) in decoded.iter().enumerate() {
@@ -802,43 +797,63 @@ fn respond_framed(
         }
         opened.push(texts);
     }
-    let mut claims = Vec::with_capacity(decoded.len());
-    let mut payload_bytes = 0;
-    for (d, _) in decoded {
+    for (i, (d, frames)) in decoded.iter().enumerate() {
         // Acks name the partition by the id this answer gives.
         state_cache.note_partition(d.partition_id, d.partition_uuid);
-    }
-    for (i, (d, frames)) in decoded.iter().enumerate() {
-        let cut_at = found_cuts
-            .iter()
-            .find(|(at, ..)| *at == i)
-            .map(|(_, offset, ..)| *offset);
-        let mut sealed = opened[i].iter();
-        let mut messages = Vec::with_capacity(frames.len());
-        for (offset, f) in frames {
-            let trace_id = traces.next().expect("one trace slot per frame");
-            if cut_at.is_some_and(|cut| *offset >= cut) {
-                // Nothing from the unopenable message on: the cursor must not pass it.
-                continue;
+        let records = match d.stored_records() {
+            Ok(Some(stored)) => {
+                payload_bytes += stored.iter().map(|r| r.frames.len()).sum::<usize>();
+                pop_framed::Records::Stored(
+                    stored
+                        .into_iter()
+                        .map(|r| pop_framed::Record {
+                            base_offset: u64::try_from(r.base_offset)
+                                .expect("offsets are not negative"),
+                            created_at_micros: r.created_at_micros,
+                            count: r.count,
+                            frames: r.frames,
+                        })
+                        .collect(),
+                )
             }
-            let payload = if f.encrypted {
-                sealed
-                    .next()
-                    .expect("an opened text per sealed frame before the cut")
-            } else {
-                f.payload
-            };
-            payload_bytes += payload.len();
-            messages.push(pop_framed::Message {
-                offset: u64::try_from(*offset).expect("offsets are not negative"),
-                id: f.id,
-                trace_id,
-                transaction_id: f.transaction_id,
-                producer_sub: f.producer_sub,
-                payload,
-                created_at_micros: f.created_at_micros,
-            });
-        }
+            // Frames that decoded above and do not slice here are framed one by one.
+            Ok(None) | Err(_) => {
+                let cut_at = found_cuts
+                    .iter()
+                    .find(|(at, ..)| *at == i)
+                    .map(|(_, offset, ..)| *offset);
+                let mut sealed = opened[i].iter();
+                let mut messages = Vec::with_capacity(frames.len());
+                for (offset, f) in frames {
+                    let trace_id = match f.trace_id {
+                        None => None,
+                        Some(t) => Some(uuid::Uuid::parse_str(t).ok()?),
+                    };
+                    if cut_at.is_some_and(|cut| *offset >= cut) {
+                        // Nothing from the unopenable message on: the cursor must not pass it.
+                        continue;
+                    }
+                    let payload = if f.encrypted {
+                        sealed
+                            .next()
+                            .expect("an opened text per sealed frame before the cut")
+                    } else {
+                        f.payload
+                    };
+                    payload_bytes += payload.len();
+                    messages.push(pop_framed::Message {
+                        offset: u64::try_from(*offset).expect("offsets are not negative"),
+                        id: f.id,
+                        trace_id,
+                        transaction_id: f.transaction_id,
+                        producer_sub: f.producer_sub,
+                        payload,
+                        created_at_micros: f.created_at_micros,
+                    });
+                }
+                pop_framed::Records::Messages(messages)
+            }
+        };
         let start = u64::try_from(d.first_offset).expect("offsets are not negative");
         claims.push(pop_framed::Claim {
             partition_id: u64::try_from(d.partition_id).expect("partition ids are positive"),
@@ -848,10 +863,10 @@ fn respond_framed(
             delivery_attempt: u32::try_from(d.retry_count.max(0))
                 .unwrap_or(u32::MAX)
                 .saturating_add(1),
-            messages,
+            records,
         });
     }
-    if claims.iter().all(|c| c.messages.is_empty()) {
+    if claims.iter().all(|c| c.records.is_empty()) {
         // The first message of every delivery failed to open (see `stop_at_unopenable`).
         cuts.extend(found_cuts);
         return Some(Ok(nothing(echo)));
@@ -872,7 +887,8 @@ fn respond_framed(
         consumer_group: group,
         claims,
     };
-    let body = pop_framed::encode(&answer, payload_bytes >= COMPRESS_FROM).ok()?;
+    let compress = compress_from > 0 && payload_bytes >= compress_from;
+    let body = pop_framed::encode(&answer, compress).ok()?;
     cuts.extend(found_cuts);
     Some(Ok(HttpResponse::Ok()
         .insert_header((header::CONTENT_TYPE, pop_framed::CONTENT_TYPE))

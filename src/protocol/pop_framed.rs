@@ -11,9 +11,11 @@
 //!           str16 transactionId, [str16 producer (flag 2)], payload
 //! ```
 //! A record's messages share one `created_at_us` (the client renders it per record), so a record
-//! is a run of messages at consecutive offsets with the same arrival time. The broker's stored
-//! segments use a frame layout of their own (`storage::segments::frames`), so every message is framed
-//! again here; see docs/binary-wire.md for where stored bytes could go out as they are.
+//! is a run of messages at consecutive offsets with the same arrival time. A claim's records are
+//! either stored record frames, sent as they are ([`Records::Stored`]: segments in the framed
+//! layout, `storage::segments::frames`), or messages framed here ([`Records::Messages`]: segments
+//! written before that layout, sealed ones once opened, messages with a trace id); see
+//! docs/binary-wire.md, "Stored frames".
 //!
 //! Served by `http::pop::respond_framed`; the client renders `partitionId` from the u64 as
 //! decimal text and acks with it, which the ack routes accept beside the UUID.
@@ -34,6 +36,8 @@ pub const CODEC_ZSTD: u8 = 1;
 /// trace id, and the two length words of the strings (the producer's is counted with the
 /// transaction id's budget; only a size hint).
 const FRAME_OVERHEAD: usize = 4 + 1 + 16 + 16 + 2 + 2 + 16;
+/// A record's bytes besides its frames: base offset, arrival time, count, codec, length.
+const RECORD_HEADER: usize = 8 + 8 + 4 + 1 + 4;
 /// Frame flag: a trace id follows the message id.
 pub const FRAME_TRACE: u8 = 1;
 /// Frame flag: a producer follows the transaction id.
@@ -71,8 +75,41 @@ pub struct Claim<'a> {
     pub end: u64,
     /// The claim's delivery attempt.
     pub delivery_attempt: u32,
-    /// The messages.
-    pub messages: Vec<Message<'a>>,
+    /// The delivered messages.
+    pub records: Records<'a>,
+}
+
+/// A claim's delivered messages.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Records<'a> {
+    /// Messages to frame, in offset order.
+    Messages(Vec<Message<'a>>),
+    /// Record frames as stored, in offset order.
+    Stored(Vec<Record<'a>>),
+}
+
+impl Records<'_> {
+    /// Whether no message is delivered.
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Records::Messages(m) => m.is_empty(),
+            Records::Stored(r) => r.iter().all(|r| r.count == 0),
+        }
+    }
+}
+
+/// Record frames as stored: `count` frames (each with its length word, in the layout of the
+/// module docs) at consecutive offsets from `base_offset`, of one arrival time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record<'a> {
+    /// Offset of the first frame.
+    pub base_offset: u64,
+    /// Arrival time, microseconds since the Unix epoch.
+    pub created_at_micros: i64,
+    /// Frames in it.
+    pub count: u32,
+    /// The frames.
+    pub frames: &'a [u8],
 }
 
 /// A whole framed answer.
@@ -147,8 +184,15 @@ pub fn encode(answer: &Answer<'_>, compress: bool) -> Result<Vec<u8>, TooLong> {
     let payload_bytes: usize = answer
         .claims
         .iter()
-        .flat_map(|c| c.messages.iter())
-        .map(|m| FRAME_OVERHEAD + m.transaction_id.len() + m.payload.len())
+        .map(|c| match &c.records {
+            Records::Messages(messages) => messages
+                .iter()
+                .map(|m| FRAME_OVERHEAD + m.transaction_id.len() + m.payload.len())
+                .sum::<usize>(),
+            Records::Stored(records) => {
+                records.iter().map(|r| RECORD_HEADER + r.frames.len()).sum()
+            }
+        })
         .sum();
     let mut out = Vec::with_capacity(64 + answer.own.len() + payload_bytes);
     out.extend_from_slice(MAGIC);
@@ -172,33 +216,58 @@ pub fn encode(answer: &Answer<'_>, compress: bool) -> Result<Vec<u8>, TooLong> {
         out.extend_from_slice(&claim.start.to_le_bytes());
         out.extend_from_slice(&claim.end.to_le_bytes());
         out.extend_from_slice(&claim.delivery_attempt.to_le_bytes());
-        let runs = runs(&claim.messages);
-        put_u32(&mut out, runs.len(), "records")?;
-        for run in runs {
-            let first = &run[0];
-            out.extend_from_slice(&first.offset.to_le_bytes());
-            out.extend_from_slice(&first.created_at_micros.to_le_bytes());
-            put_u32(&mut out, run.len(), "record count")?;
-            frames.clear();
-            for m in run {
-                put_frame(&mut frames, m)?;
+        match &claim.records {
+            Records::Messages(messages) => {
+                let runs = runs(messages);
+                put_u32(&mut out, runs.len(), "records")?;
+                for run in runs {
+                    frames.clear();
+                    for m in run {
+                        put_frame(&mut frames, m)?;
+                    }
+                    let head = Record {
+                        base_offset: run[0].offset,
+                        created_at_micros: run[0].created_at_micros,
+                        count: u32::try_from(run.len()).map_err(|_| TooLong("record count"))?,
+                        frames: &frames,
+                    };
+                    put_record(&mut out, &head, compressor.as_mut())?;
+                }
             }
-            let smaller = compressor
-                .as_mut()
-                .and_then(|c| c.compress(&frames).ok())
-                .filter(|z| z.len() < frames.len());
-            if let Some(z) = smaller {
-                out.push(CODEC_ZSTD);
-                put_u32(&mut out, z.len(), "record")?;
-                out.extend_from_slice(&z);
-            } else {
-                out.push(CODEC_RAW);
-                put_u32(&mut out, frames.len(), "record")?;
-                out.extend_from_slice(&frames);
+            Records::Stored(records) => {
+                put_u32(&mut out, records.len(), "records")?;
+                for record in records {
+                    put_record(&mut out, record, compressor.as_mut())?;
+                }
             }
         }
     }
     Ok(out)
+}
+
+/// Appends one record: its frames as one zstd frame when a `compressor` makes them smaller,
+/// else as they are.
+fn put_record(
+    out: &mut Vec<u8>,
+    record: &Record<'_>,
+    compressor: Option<&mut zstd::bulk::Compressor<'_>>,
+) -> Result<(), TooLong> {
+    out.extend_from_slice(&record.base_offset.to_le_bytes());
+    out.extend_from_slice(&record.created_at_micros.to_le_bytes());
+    out.extend_from_slice(&record.count.to_le_bytes());
+    let smaller = compressor
+        .and_then(|c| c.compress(record.frames).ok())
+        .filter(|z| z.len() < record.frames.len());
+    if let Some(z) = smaller {
+        out.push(CODEC_ZSTD);
+        put_u32(out, z.len(), "record")?;
+        out.extend_from_slice(&z);
+    } else {
+        out.push(CODEC_RAW);
+        put_u32(out, record.frames.len(), "record")?;
+        out.extend_from_slice(record.frames);
+    }
+    Ok(())
 }
 
 /// Splits messages into records: runs at consecutive offsets with one arrival time.
@@ -348,7 +417,7 @@ mod tests {
                     start: 5,
                     end: 9,
                     delivery_attempt: 1,
-                    messages: m.clone(),
+                    records: Records::Messages(m.clone()),
                 }],
             };
             let bytes = encode(&answer, compress).unwrap();
@@ -396,7 +465,7 @@ mod tests {
                 start: 0,
                 end: 1,
                 delivery_attempt: 1,
-                messages,
+                records: Records::Messages(messages),
             }],
         };
         let tiny = answer(vec![message(0, 1, "1")]);
@@ -437,5 +506,56 @@ mod tests {
             encode(&answer, true).unwrap(),
             b"QPF1\x01\0\0\0\0\x01\0q\0\0\x01\0g\0\0\0\0".to_vec()
         );
+    }
+
+    #[test]
+    fn stored_records_go_out_as_they_are_and_decode_as_framed_messages() {
+        let mut m = vec![
+            message(10, 7, r#"{"a":1}"#),
+            message(11, 7, "2"),
+            message(12, 7, "null"),
+        ];
+        m[1].producer_sub = Some("bob");
+        let mut frames = Vec::new();
+        for x in &m {
+            put_frame(&mut frames, x).unwrap();
+        }
+        let stored = Answer {
+            own: "",
+            queue: "q",
+            lease_id: "l",
+            consumer_group: "g",
+            claims: vec![Claim {
+                partition_id: 3,
+                partition: "p",
+                start: 11,
+                end: 12,
+                delivery_attempt: 2,
+                records: Records::Stored(vec![Record {
+                    base_offset: 10,
+                    created_at_micros: 7,
+                    count: 3,
+                    frames: &frames,
+                }]),
+            }],
+        };
+        let bytes = encode(&stored, false).unwrap();
+        // The frames are in the answer byte for byte, right after their record header.
+        assert!(bytes.ends_with(&frames));
+        assert_eq!(last_codec(&bytes), CODEC_RAW);
+        let (_, _, _, _, got) = decode(&bytes);
+        // The client skips offset 10, outside the claim's range.
+        assert_eq!(got.len(), 2);
+        for (g, m) in got.iter().zip(&m[1..]) {
+            assert_eq!(
+                (g.0, g.1, g.4.as_deref(), g.6),
+                (m.offset, m.id, m.producer_sub, 7)
+            );
+            assert_eq!((g.3.as_str(), g.5.as_str()), (m.transaction_id, m.payload));
+        }
+        // The same frames framed from the messages give the same answer.
+        let mut framed = stored.clone();
+        framed.claims[0].records = Records::Messages(m.clone());
+        assert_eq!(encode(&framed, false).unwrap(), bytes);
     }
 }

@@ -34,6 +34,8 @@ struct Framed {
     claims: u32,
     messages: Vec<Msg>,
     codecs: Vec<u8>,
+    /// Each record's (base offset, count, bytes as sent).
+    records: Vec<(u64, u32, Vec<u8>)>,
 }
 
 struct In<'a> {
@@ -91,6 +93,7 @@ fn decode(data: &[u8]) -> Framed {
     let claims = a.u32();
     let mut messages = Vec::new();
     let mut codecs = Vec::new();
+    let mut sent = Vec::new();
     for _ in 0..claims {
         let partition_id = a.u64().to_string();
         let partition = a.text();
@@ -106,6 +109,7 @@ fn decode(data: &[u8]) -> Framed {
             codecs.push(codec);
             let len = a.u32() as usize;
             let raw = a.take(len).to_vec();
+            sent.push((base, count, raw.clone()));
             let raw = match codec {
                 0 => raw,
                 1 => zstd::decode_all(&raw[..]).expect("a zstd record"),
@@ -156,6 +160,7 @@ fn decode(data: &[u8]) -> Framed {
         claims,
         messages,
         codecs,
+        records: sent,
     }
 }
 
@@ -198,7 +203,12 @@ async fn ack_batch(app: &TestApp, msgs: &[Msg], group: Option<&str>) -> Value {
 #[actix_web::test]
 async fn a_framed_pop_carries_what_the_json_pop_carries_and_acks_by_the_64_bit_id() {
     let db = fresh_db().await;
-    let app = spawn_app(&db).await;
+    // Records are compressed from 4 KiB of payloads on (by default never).
+    let app = spawn_app_with(test_settings(
+        &db,
+        &[("QUEEN_POP_FRAMES_COMPRESS_FROM", "4096")],
+    ))
+    .await;
     push_n(&app, "fq", "a", 0, 3).await;
     // Large enough together to go as a zstd record.
     let big: Vec<Value> = (0..40)
@@ -536,4 +546,161 @@ async fn sealed_payloads_go_out_opened_in_frames() {
         .map(|m| m.data["n"].as_i64().unwrap())
         .collect();
     assert_eq!(ns, [0, 1, 2]);
+}
+
+/// The stored `frames` of a queue's segments, oldest first, with their base offsets.
+async fn segment_bytes(db: &crate::support::TestDb, queue: &str) -> Vec<(i64, Vec<u8>)> {
+    sqlx::query_as(
+        "SELECT s.base_offset, s.frames
+           FROM queen.segments s
+           JOIN queen.partitions p ON p.id = s.partition_id
+           JOIN queen.queues q ON q.id = p.queue_id
+          WHERE q.name = $1
+          ORDER BY s.base_offset",
+    )
+    .bind(queue)
+    .fetch_all(&mut db.conn().await)
+    .await
+    .unwrap()
+}
+
+#[actix_web::test]
+async fn a_framed_pop_sends_the_stored_record_frames_as_they_are() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    // Two pushes: two segments of one arrival time each.
+    push_n(&app, "vq", "p", 0, 6).await;
+    push_n(&app, "vq", "p", 6, 4).await;
+    let segments = segment_bytes(&db, "vq").await;
+    assert_eq!(segments.len(), 2);
+    for (_, bytes) in &segments {
+        assert_eq!(bytes[0], 3, "segments are written in the framed layout");
+    }
+    // A run's frames follow its 16-byte header (arrival time, count, length) after the
+    // version byte; each segment here is one run.
+    let run = |bytes: &[u8]| bytes[17..].to_vec();
+    let (status, ct, body) = get_bytes(&app, "/api/v1/pop/queue/vq?batch=10&frames=true").await;
+    assert_eq!((status, ct.as_str()), (200, "application/x-queen-pop"));
+    let f = decode(&body);
+    assert_eq!(f.codecs, [0, 0], "stored frames go uncompressed by default");
+    assert_eq!(
+        f.records,
+        vec![(0, 6, run(&segments[0].1)), (6, 4, run(&segments[1].1))],
+        "each record is a stored run, byte for byte"
+    );
+    let ns: Vec<i64> = f
+        .messages
+        .iter()
+        .map(|m| m.data["n"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ns, (0..10).collect::<Vec<_>>());
+    // The same messages as the JSON pop of another group, field by field.
+    let json_pop = pop(&app, "vq", "batch=10&consumerGroup=other").await;
+    let j = messages(&json_pop);
+    assert_eq!(j.len(), 10);
+    for (j, m) in j.iter().zip(&f.messages) {
+        assert_eq!(j["id"], m.id);
+        assert_eq!(j["transactionId"], m.transaction_id);
+        assert_eq!(j["data"], m.data);
+    }
+    // A pop that starts inside a run sends the run's frames from there on: a group pops and
+    // acks the first 3, and its next pop's first record is the rest of the first run.
+    let (_, _, body) = get_bytes(
+        &app,
+        "/api/v1/pop/queue/vq?batch=3&consumerGroup=g2&frames=true",
+    )
+    .await;
+    let first = decode(&body);
+    assert_eq!(
+        first.records,
+        vec![(
+            0,
+            3,
+            run(&segments[0].1)[..frames_len(&run(&segments[0].1), 3)].to_vec()
+        )]
+    );
+    ack_batch(&app, &first.messages, Some("g2")).await;
+    let (_, _, body) = get_bytes(
+        &app,
+        "/api/v1/pop/queue/vq?batch=10&consumerGroup=g2&frames=true",
+    )
+    .await;
+    let rest = decode(&body);
+    let run0 = run(&segments[0].1);
+    assert_eq!(
+        rest.records,
+        vec![
+            (3, 3, run0[frames_len(&run0, 3)..].to_vec()),
+            (6, 4, run(&segments[1].1))
+        ]
+    );
+    let ns: Vec<i64> = rest
+        .messages
+        .iter()
+        .map(|m| m.data["n"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ns, (3..10).collect::<Vec<_>>());
+}
+
+/// Bytes of the first `n` frames of a run (each a `u32` body length and the body).
+fn frames_len(run: &[u8], n: usize) -> usize {
+    let mut at = 0;
+    for _ in 0..n {
+        at += 4 + u32::from_le_bytes(run[at..at + 4].try_into().unwrap()) as usize;
+    }
+    at
+}
+
+#[actix_web::test]
+async fn segments_of_the_items_layout_pop_as_they_did() {
+    let db = fresh_db().await;
+    // No cache, so pops read the rewritten rows from PostgreSQL.
+    let app = spawn_app_with(test_settings(&db, &[("QUEEN_SEGMENT_CACHE_BYTES", "0")])).await;
+    push_n(&app, "oq", "p", 0, 5).await;
+    // Stored as a broker before the framed layout stored it.
+    let mut conn = db.conn().await;
+    for (base, bytes) in segment_bytes(&db, "oq").await {
+        let frames = queen_broker::storage::segments::frames::decode(&bytes).unwrap();
+        let items: Vec<broker_actors::Item> = frames
+            .iter()
+            .map(|f| broker_actors::Item {
+                message_id: f.id,
+                transaction_id: f.transaction_id.to_string(),
+                payload: f.payload.into(),
+                producer_sub: f.producer_sub.map(str::to_string),
+                trace_id: None,
+                arrived_at_micros: f.created_at_micros,
+            })
+            .collect();
+        let old = queen_broker::storage::segments::frames::encode_items(items.iter());
+        assert_eq!(old[0], 1);
+        sqlx::query("UPDATE queen.segments SET frames = $1 WHERE base_offset = $2")
+            .bind(old)
+            .bind(base)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    let json_pop = pop(&app, "oq", "batch=10&consumerGroup=j").await;
+    let j = messages(&json_pop);
+    let (_, _, body) = get_bytes(
+        &app,
+        "/api/v1/pop/queue/oq?batch=10&consumerGroup=f&frames=true",
+    )
+    .await;
+    let f = decode(&body);
+    assert_eq!(f.messages.len(), 5);
+    assert_eq!(j.len(), 5);
+    for (i, (j, m)) in j.iter().zip(&f.messages).enumerate() {
+        assert_eq!(j["data"]["n"], i);
+        assert_eq!(m.data["n"], i);
+        assert_eq!(j["id"], m.id);
+        assert_eq!(j["transactionId"], m.transaction_id);
+    }
+    // Framed again from the decoded messages: one record of one arrival time.
+    assert_eq!(f.records.len(), 1);
+    assert_ne!(
+        f.records[0].2,
+        segment_bytes(&db, "oq").await[0].1[17..].to_vec()
+    );
 }

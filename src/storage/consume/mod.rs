@@ -67,7 +67,7 @@ use crate::storage::consume::statements::{
 };
 use crate::storage::error::StorageError;
 use crate::storage::segments::cache::{CachedSegment, LeasedRange, SegmentCache};
-use crate::storage::segments::frames::{self, Frame, FrameError};
+use crate::storage::segments::frames::{self, Frame, FrameError, StoredRecord};
 
 /// The consumer-group name meaning "no group" (one shared cursor).
 pub const QUEUE_MODE: &str = "__QUEUE_MODE__";
@@ -209,6 +209,36 @@ impl Delivery {
             }
         }
         Ok(out)
+    }
+
+    /// The delivered messages as the stored record frames of their segments
+    /// ([`frames::stored_records`]), for a framed pop to send as they are; `None` when a
+    /// segment of the delivery is not in the framed layout (written before it, sealed, or with
+    /// a trace id).
+    ///
+    /// # Errors
+    ///
+    /// [`FrameError`] when a segment does not decode.
+    pub fn stored_records(&self) -> Result<Option<Vec<StoredRecord<'_>>>, FrameError> {
+        let mut out = Vec::new();
+        let end = self.first_offset + self.count as i64;
+        for seg in &self.segments {
+            if seg.base_offset >= end || seg.base_offset + seg.count <= self.first_offset {
+                continue;
+            }
+            let framed = frames::stored_records(
+                &seg.frames,
+                seg.base_offset,
+                self.first_offset,
+                end,
+                &self.deleted,
+                &mut out,
+            )?;
+            if !framed {
+                return Ok(None);
+            }
+        }
+        Ok(Some(out))
     }
 }
 
