@@ -44,7 +44,11 @@ impl RouteTable {
     fn capability(&self, method: &Method, path: &str) -> Option<Capability> {
         self.0
             .iter()
-            .find(|(m, def, _)| m == method && def.is_match(path))
+            .find(|(m, def, _)| {
+                m == method
+                    && path.starts_with(crate::http::inputs::literal_head(def))
+                    && def.is_match(path)
+            })
             .map(|(_, _, capability)| *capability)
     }
 }

@@ -21,7 +21,12 @@ pub fn check_request(
     path: &str,
     query: &str,
 ) -> Result<(), ProtocolError> {
-    for def in patterns.iter().filter(|def| def.is_match(path)) {
+    // The literal head of a pattern rules most out with a string compare: a dynamic pattern's
+    // match runs a regular expression, a few microseconds each (the router runs its own).
+    for def in patterns
+        .iter()
+        .filter(|def| path.starts_with(literal_head(def)))
+    {
         let mut matched = Path::new(path.to_string());
         if def.capture_match_info(&mut matched) {
             for (name, value) in matched.iter() {
@@ -43,6 +48,12 @@ pub fn check_request(
         check_value(name, value)?;
     }
     Ok(())
+}
+
+/// The part of a route pattern before its first dynamic segment (all of a static one).
+pub fn literal_head(def: &ResourceDef) -> &str {
+    let pattern = def.pattern().unwrap_or("");
+    &pattern[..pattern.find('{').unwrap_or(pattern.len())]
 }
 
 /// The middleware (through `actix_web::middleware::from_fn`); `patterns` are the paths of the

@@ -30,22 +30,28 @@ pub async fn push_items(
     parsed: &[ParsedItem],
     items: Vec<Item>,
 ) -> Result<Vec<PushResult>, ApiError> {
-    // Group by partition, keeping body order inside each group.
-    let mut order: Vec<PartitionKey> = Vec::new();
-    let mut groups: HashMap<PartitionKey, (Vec<usize>, Vec<Item>)> = HashMap::new();
+    // Group by partition, keeping body order inside each group. Items of one partition
+    // usually come together, so the previous item's group is tried first; a key is built
+    // once per group.
+    let mut order: Vec<(PartitionKey, Vec<usize>, Vec<Item>)> = Vec::new();
+    let mut seen: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut last: Option<((&str, &str), usize)> = None;
     for (index, (p, item)) in parsed.iter().zip(items).enumerate() {
-        let key = PartitionKey::new(&p.queue, &p.partition);
-        let group = groups.entry(key.clone()).or_insert_with(|| {
-            order.push(key);
-            (Vec::new(), Vec::new())
-        });
-        group.0.push(index);
-        group.1.push(item);
+        let names = (p.queue.as_str(), p.partition.as_str());
+        let group = match last {
+            Some((prev, group)) if prev == names => group,
+            _ => *seen.entry(names).or_insert_with(|| {
+                order.push((PartitionKey::new(names.0, names.1), Vec::new(), Vec::new()));
+                order.len() - 1
+            }),
+        };
+        last = Some((names, group));
+        order[group].1.push(index);
+        order[group].2.push(item);
     }
     let mut slots: Vec<Option<PushResult>> = vec![None; parsed.len()];
     let mut pending = Vec::with_capacity(order.len());
-    for key in order {
-        let (indexes, items) = groups.remove(&key).expect("every key has a group");
+    for (key, indexes, items) in order {
         let meta: Vec<(Uuid, String)> = items
             .iter()
             .map(|i| (i.message_id, i.transaction_id.clone()))

@@ -49,6 +49,11 @@ pub fn depth_up_to(json: &str, limit: usize) -> usize {
     deepest
 }
 
+/// Bytes `[` and `{` in `json`, inside strings or not.
+fn opening_brackets(json: &str) -> usize {
+    json.bytes().filter(|b| matches!(b, b'[' | b'{')).count()
+}
+
 /// Checks that `json` (valid JSON text, named `what` in the error) nests at most
 /// [`MAX_DEPTH`] levels.
 ///
@@ -56,6 +61,11 @@ pub fn depth_up_to(json: &str, limit: usize) -> usize {
 ///
 /// [`ProtocolError`] naming `what` and the limit.
 pub fn check(json: &str, what: &str) -> Result<(), ProtocolError> {
+    // The depth cannot pass the number of opening brackets; counting them is a vectorised
+    // pass, and most payloads hold fewer than the limit, so the scan below rarely runs.
+    if opening_brackets(json) <= MAX_DEPTH {
+        return Ok(());
+    }
     if depth_up_to(json, MAX_DEPTH) > MAX_DEPTH {
         return Err(ProtocolError(format!(
             "{what} nests arrays and objects deeper than {MAX_DEPTH} levels (the limit)"
@@ -81,5 +91,18 @@ mod tests {
             .contains("128"));
         let ok = format!("{}{}", "[".repeat(128), "]".repeat(128));
         assert!(check(&ok, "payload").is_ok());
+        // More brackets than the limit, but inside strings or side by side: not deep.
+        let flat = format!("[{}]", vec!["[]"; 200].join(","));
+        assert!(opening_brackets(&flat) > MAX_DEPTH);
+        assert!(check(&flat, "payload").is_ok());
+        let quoted = format!("[\"{}\"]", "[".repeat(300));
+        assert!(check(&quoted, "payload").is_ok());
+        let deep_in_many = format!(
+            "[{},{}{}]",
+            vec!["[]"; 50].join(","),
+            "[".repeat(128),
+            "]".repeat(128)
+        );
+        assert!(check(&deep_in_many, "payload").is_err());
     }
 }

@@ -141,7 +141,8 @@ pub fn parse_push_body(bytes: &[u8]) -> Result<Vec<ParsedItem>, ProtocolError> {
             .payload
             .ok_or_else(|| ProtocolError(format!("item {index}: payload is required")))?
             .get();
-        crate::protocol::depth::check(payload, &format!("item {index}: payload"))?;
+        crate::protocol::depth::check(payload, "payload")
+            .map_err(|e| ProtocolError(format!("item {index}: {}", e.0)))?;
         let payload = payload.to_string();
         parsed.push(ParsedItem {
             queue,
