@@ -15,7 +15,7 @@ use crate::auth::Caller;
 use crate::http::body::read_body;
 use crate::http::error::ApiError;
 use crate::protocol::push::{
-    mint, parse_push_body, push_item_count, ParsedItem, PushCounts, PushResult,
+    mint, parse_push_body, push_item_count, write_results, ParsedItem, PushCounts, PushResult,
 };
 use crate::protocol::push_binary;
 use crate::state::{admit, push_cost, AppState};
@@ -199,6 +199,8 @@ async fn answer(
     Ok(if counts {
         reply.json(PushCounts::of(&results))
     } else {
-        reply.json(results)
+        let mut body = Vec::new();
+        write_results(&results, &mut body);
+        reply.content_type("application/json").body(body)
     })
 }

@@ -175,6 +175,48 @@ pub struct PushResult {
     pub error: Option<String>,
 }
 
+/// Appends `results` to `out` as the JSON array serde writes for them (the same bytes), without
+/// serde's per-field dispatch: the push answer is written once per pushed message.
+pub fn write_results(results: &[PushResult], out: &mut Vec<u8>) {
+    let mut index = itoa::Buffer::new();
+    let mut id = Uuid::encode_buffer();
+    out.reserve(results.len() * 120);
+    out.push(b'[');
+    for (i, r) in results.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"index\":");
+        out.extend_from_slice(index.format(r.index).as_bytes());
+        out.extend_from_slice(b",\"message_id\":\"");
+        out.extend_from_slice(r.message_id.hyphenated().encode_lower(&mut id).as_bytes());
+        out.extend_from_slice(b"\",\"transaction_id\":");
+        put_json_str(out, &r.transaction_id);
+        out.extend_from_slice(b",\"queueName\":");
+        put_json_str(out, &r.queue_name);
+        out.extend_from_slice(b",\"status\":");
+        put_json_str(out, &r.status);
+        if let Some(error) = &r.error {
+            out.extend_from_slice(b",\"error\":");
+            put_json_str(out, error);
+        }
+        out.push(b'}');
+    }
+    out.push(b']');
+}
+
+/// Appends `s` as a JSON string: as it is when nothing in it needs an escape, else as serde
+/// escapes it.
+fn put_json_str(out: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        serde_json::to_writer(&mut *out, s).expect("a string serialises into a Vec");
+    }
+}
+
 /// The answer of a push that asked for counts (`QPB1` flag 2, reference 2.x §2.9.4).
 #[derive(Debug, Serialize, Deserialize, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PushCounts {
@@ -296,5 +338,41 @@ mod tests {
         let name = "é".repeat(255);
         let body = format!(r#"{{"items":[{{"queue":"{name}","payload":1}}]}}"#);
         assert_eq!(parse_push_body(body.as_bytes()).unwrap()[0].queue, name);
+    }
+
+    #[test]
+    fn the_written_answer_is_what_serde_writes() {
+        let texts = [
+            "",
+            "txn-1",
+            "q\"uote",
+            "back\\slash",
+            "tab\there",
+            "\u{1}",
+            "é ü 漢",
+            "\u{7f}",
+            "a/b",
+        ];
+        let mut results = Vec::new();
+        for (i, t) in texts.iter().enumerate() {
+            for error in [None, Some(format!("full {t}"))] {
+                results.push(PushResult {
+                    index: i * 1000,
+                    message_id: Uuid::now_v7(),
+                    transaction_id: (*t).to_string(),
+                    queue_name: format!("queue{t}"),
+                    status: if error.is_some() { "failed" } else { "queued" }.to_string(),
+                    error,
+                });
+            }
+        }
+        for n in [0, 1, results.len()] {
+            let mut out = Vec::new();
+            write_results(&results[..n], &mut out);
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                serde_json::to_string(&results[..n]).unwrap()
+            );
+        }
     }
 }
