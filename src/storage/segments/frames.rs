@@ -627,9 +627,9 @@ mod tests {
         4, 0, 0, 0, 110, 117, 108, 108, // null
     ];
 
-    #[test]
-    fn a_segment_written_by_earlier_code_decodes_and_is_written_the_same() {
-        let items = [
+    /// The two items of the pinned segments; the second with `trace` as its trace id.
+    fn pinned_items(trace: Option<&str>) -> [Item; 2] {
+        [
             Item {
                 message_id: Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0001),
                 transaction_id: "txn-1".into(),
@@ -643,10 +643,15 @@ mod tests {
                 transaction_id: String::new(),
                 payload: "null".into(),
                 producer_sub: None,
-                trace_id: Some("tr".into()),
+                trace_id: trace.map(String::from),
                 arrived_at_micros: -5,
             },
-        ];
+        ]
+    }
+
+    #[test]
+    fn a_segment_written_by_earlier_code_decodes_and_is_written_the_same() {
+        let items = pinned_items(Some("tr"));
         assert_eq!(encode(items.iter()), PINNED);
         assert_eq!(
             items.iter().map(encoded_len).sum::<usize>() + 1,
@@ -754,24 +759,7 @@ mod tests {
 
     #[test]
     fn a_framed_segment_written_by_earlier_code_decodes_and_is_written_the_same() {
-        let items = [
-            Item {
-                message_id: Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0001),
-                transaction_id: "txn-1".into(),
-                payload: r#"{"a":1}"#.into(),
-                producer_sub: Some("alice".into()),
-                trace_id: None,
-                arrived_at_micros: 1_700_000_000_000_001,
-            },
-            Item {
-                message_id: Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0002),
-                transaction_id: String::new(),
-                payload: "null".into(),
-                producer_sub: None,
-                trace_id: None,
-                arrived_at_micros: -5,
-            },
-        ];
+        let items = pinned_items(None);
         assert_eq!(encode(items.iter()), PINNED_FRAMED);
         let frames = decode(&PINNED_FRAMED).unwrap();
         assert_eq!(frames.len(), 2);
