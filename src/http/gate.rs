@@ -45,9 +45,7 @@ impl RouteTable {
         self.0
             .iter()
             .find(|(m, def, _)| {
-                m == method
-                    && path.starts_with(crate::http::inputs::literal_head(def))
-                    && def.is_match(path)
+                m == method && path.starts_with(Route::literal_head(def)) && def.is_match(path)
             })
             .map(|(_, _, capability)| *capability)
     }

@@ -8,6 +8,7 @@ use actix_web::middleware::Next;
 use actix_web::Error;
 
 use crate::http::error::ApiError;
+use crate::http::Route;
 use crate::protocol::params::check_value;
 use crate::protocol::ProtocolError;
 
@@ -25,7 +26,7 @@ pub fn check_request(
     // match runs a regular expression, a few microseconds each (the router runs its own).
     for def in patterns
         .iter()
-        .filter(|def| path.starts_with(literal_head(def)))
+        .filter(|def| path.starts_with(Route::literal_head(def)))
     {
         let mut matched = Path::new(path.to_string());
         if def.capture_match_info(&mut matched) {
@@ -48,12 +49,6 @@ pub fn check_request(
         check_value(name, value)?;
     }
     Ok(())
-}
-
-/// The part of a route pattern before its first dynamic segment (all of a static one).
-pub fn literal_head(def: &ResourceDef) -> &str {
-    let pattern = def.pattern().unwrap_or("");
-    &pattern[..pattern.find('{').unwrap_or(pattern.len())]
 }
 
 /// The middleware (through `actix_web::middleware::from_fn`); `patterns` are the paths of the

@@ -65,6 +65,14 @@ pub struct Route {
 }
 
 impl Route {
+    /// The part of a route pattern before its first dynamic segment (all of a static one): a
+    /// path that does not start with it cannot match, which a string compare tells before the
+    /// pattern's regular expression runs (a few microseconds each).
+    pub fn literal_head(def: &actix_web::dev::ResourceDef) -> &str {
+        let pattern = def.pattern().unwrap_or("");
+        &pattern[..pattern.find('{').unwrap_or(pattern.len())]
+    }
+
     /// A route; `handler` is usually `|r| r.to(module::function)`.
     pub fn new(
         method: Method,
