@@ -388,6 +388,7 @@ mod tests {
             round,
             groups,
             consumers_per_group: 4,
+            autopilot: false,
             offered_msgs_per_sec: None,
             produced_msgs_per_sec: produced,
             delivered_msgs_per_sec: per_group.iter().sum(),

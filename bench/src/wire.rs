@@ -1114,7 +1114,7 @@ mod tests {
                     start: 10,
                     end: 12,
                     delivery_attempt: 1,
-                    messages: messages.clone(),
+                    records: pop_framed::Records::Messages(messages.clone()),
                 },
                 pop_framed::Claim {
                     partition_id: 78,
@@ -1122,7 +1122,7 @@ mod tests {
                     start: 0,
                     end: 0,
                     delivery_attempt: 2,
-                    messages: vec![message(0, "u0", 5)],
+                    records: pop_framed::Records::Messages(vec![message(0, "u0", 5)]),
                 },
             ],
         };
@@ -1174,7 +1174,10 @@ mod tests {
                 start: 11,
                 end: 11,
                 delivery_attempt: 1,
-                messages: vec![message(10, "a", 1), message(11, "b", 1)],
+                records: pop_framed::Records::Messages(vec![
+                    message(10, "a", 1),
+                    message(11, "b", 1),
+                ]),
             }],
         };
         let bytes = pop_framed::encode(&answer, false).expect("encodes");
