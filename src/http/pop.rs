@@ -37,7 +37,7 @@ use crate::storage::consume::conns::LazyConn;
 use crate::storage::consume::lease_length::MAX_LEASE_SECONDS;
 use crate::storage::consume::{self, Delivery, PopRequest, Popped, SubscriptionStart, QUEUE_MODE};
 use crate::storage::queues::undecryptable;
-use crate::storage::segments::cache::{SegmentCache, WOKEN_FULL_POP_EVERY};
+use crate::storage::segments::cache::WOKEN_FULL_POP_EVERY;
 use crate::storage::segments::crypto::{self, PayloadKey};
 use crate::storage::segments::frames::Frame;
 use crate::storage::StorageError;
@@ -493,16 +493,7 @@ async fn serve(
             let echo = echo(seen, stored);
             let mut cuts = Vec::new();
             let framed = if params.frames {
-                respond_framed(
-                    &state.cache,
-                    &popped,
-                    &decoded,
-                    &params.group,
-                    state.payload_key.as_ref(),
-                    &mut cuts,
-                    &echo,
-                    state.settings.pop_frames_compress_from,
-                )
+                respond_framed(state, &popped, &decoded, &params.group, &mut cuts, &echo)
             } else {
                 None
             };
@@ -763,21 +754,19 @@ fn respond(
 /// `frames=true`, with the same messages, lease, group and echo as [`respond`] writes. A claim
 /// whose segments are in the framed layout sends its stored record frames as they are; the
 /// others' messages are framed here. Records are compressed when the answer's payloads come to
-/// `compress_from` bytes (0: never). `None` when the answer cannot be framed, and the caller
-/// answers JSON (which a client that asked for frames reads as well): a trace id that is not a
-/// UUID (a frame carries 16 bytes; trace ids of transaction pushes are free text), or a field
-/// too long for its length word.
-#[allow(clippy::too_many_arguments)]
+/// `QUEEN_POP_FRAMES_COMPRESS_FROM` bytes (0: never). `None` when the answer cannot be framed,
+/// and the caller answers JSON (which a client that asked for frames reads as well): a trace id
+/// that is not a UUID (a frame carries 16 bytes; trace ids of transaction pushes are free text),
+/// or a field too long for its length word.
 fn respond_framed(
-    state_cache: &SegmentCache,
+    state: &AppState,
     popped: &Popped,
     decoded: &Decoded<'_>,
     group: &str,
-    key: Option<&PayloadKey>,
     cuts: &mut Vec<Cut>,
     echo: &Echo,
-    compress_from: usize,
 ) -> Option<Result<HttpResponse, ApiError>> {
+    let key = state.payload_key.as_ref();
     let mut claims = Vec::with_capacity(decoded.len());
     let mut payload_bytes = 0;
     // Sealed payloads are opened into `opened` before any claim borrows them; a cut found
@@ -799,7 +788,7 @@ fn respond_framed(
     }
     for (i, (d, frames)) in decoded.iter().enumerate() {
         // Acks name the partition by the id this answer gives.
-        state_cache.note_partition(d.partition_id, d.partition_uuid);
+        state.cache.note_partition(d.partition_id, d.partition_uuid);
         let records = match d.stored_records() {
             Ok(Some(stored)) => {
                 payload_bytes += stored.iter().map(|r| r.frames.len()).sum::<usize>();
@@ -887,6 +876,7 @@ fn respond_framed(
         consumer_group: group,
         claims,
     };
+    let compress_from = state.settings.pop_frames_compress_from;
     let compress = compress_from > 0 && payload_bytes >= compress_from;
     let body = pop_framed::encode(&answer, compress).ok()?;
     cuts.extend(found_cuts);
