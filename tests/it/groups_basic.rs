@@ -249,8 +249,9 @@ async fn a_new_group_takes_no_row_on_history_it_skips() {
 }
 
 /// Partition `p` has a history, then group `late` subscribes `new` (nothing for it, and no row
-/// on the history it skips), then `p` and a new partition are written: one pop of several
-/// partitions brings exactly what followed the subscription.
+/// on the history it skips), then `p` and a new partition are written: pops of several
+/// partitions bring exactly what followed the subscription (the new partition, joined by the
+/// group when it was created, may come in a pop of its own).
 async fn a_late_group_sees_only_what_follows(app: &TestApp, db: &TestDb) {
     push_n(app, "q", "p", 0, 3).await;
     assert_eq!(
@@ -271,8 +272,14 @@ async fn a_late_group_sees_only_what_follows(app: &TestApp, db: &TestDb) {
     assert_eq!(rows, 0, "a row on history the group skips");
     push_n(app, "q", "p", 3, 2).await;
     push_n(app, "q", "fresh", 10, 1).await;
-    let got = pop(app, "q", "batch=10&partitions=5&consumerGroup=late").await;
-    let mut seen = ns(&got);
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let got = pop(app, "q", "batch=10&partitions=5&consumerGroup=late").await;
+        if got.status == 204 {
+            break;
+        }
+        seen.extend(ns(&got));
+    }
     seen.sort_unstable();
     assert_eq!(seen, vec![3, 4, 10]);
 }

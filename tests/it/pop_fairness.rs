@@ -35,6 +35,67 @@ async fn a_partition_never_touched_is_served_while_others_always_have_messages()
     );
 }
 
+/// A partition created after groups subscribed to its queue is theirs from its first write:
+/// the push that creates it gives each subscribed group a row asking for attention (offset 0;
+/// none for a group whose start lies ahead), so the next pops serve it rather than the
+/// backlog the one-statement pop always finds, without waiting for the periodic full pop.
+#[actix_web::test]
+async fn a_partition_created_after_the_groups_subscribed_is_served_by_their_next_pops() {
+    let db = fresh_db().await;
+    let app = spawn_app(&db).await;
+    push_n(&app, "fresh", "backlog", 0, 200).await;
+    for group in ["g", "later"] {
+        let query = match group {
+            "g" => "consumerGroup=g&batch=1".to_string(),
+            // A group that starts a day from now.
+            _ => format!(
+                "consumerGroup=later&batch=1&subscriptionFrom={}",
+                (chrono::Utc::now() + chrono::Duration::days(1)).format("%Y-%m-%dT%H:%M:%SZ")
+            ),
+        };
+        let first = pop(&app, "fresh", &query).await;
+        if group == "g" {
+            assert_eq!(ns(&first), vec![0]);
+            ack_all(&app, &first, "completed", Some("g")).await;
+        } else {
+            assert_eq!(first.status, 204, "{:?}", first.body);
+        }
+    }
+    push_n(&app, "fresh", "new", 1000, 1).await;
+
+    let rows: Vec<(String, i64, bool)> = {
+        let mut conn = db.conn().await;
+        sqlx::query_as(
+            "SELECT c.consumer_group, c.committed_offset, c.attention_at IS NOT NULL
+               FROM queen.partition_consumers c
+               JOIN queen.partitions p ON p.id = c.partition_id
+              WHERE p.name = 'new'
+              ORDER BY c.consumer_group",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap()
+    };
+    assert_eq!(rows, vec![("g".to_string(), 0, true)]);
+
+    // Right away (well inside the full pop's period, 250 ms): the backlog's release and the
+    // new partition are the two rows asking for attention, served in turn.
+    let mut served = Vec::new();
+    for _ in 0..3 {
+        let r = pop(&app, "fresh", "consumerGroup=g&batch=1").await;
+        let partition = r.body["partition"].as_str().unwrap_or("").to_string();
+        ack_all(&app, &r, "completed", Some("g")).await;
+        if partition == "new" {
+            assert_eq!(ns(&r), vec![1000]);
+        }
+        served.push(partition);
+    }
+    assert!(
+        served.iter().any(|p| p == "new"),
+        "the new partition waited behind the backlog: {served:?}"
+    );
+}
+
 /// A group's first look at a queue gives it a row on every partition it never touched that
 /// holds messages for it (no lease; a request for attention; the start its subscription asks
 /// for; an empty partition gets none),

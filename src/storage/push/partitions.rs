@@ -20,6 +20,8 @@ pub fn derived_namespace_task(queue: &str) -> (&str, &str) {
 }
 
 /// Returns the ids of these partitions, creating queues and partitions that do not exist yet.
+/// A partition created here gets a row for each group already subscribed to its queue, so
+/// consumers claim it without waiting for a full pop to meet it.
 ///
 /// Runs outside the commit transaction (each statement commits on its own), with rows in key
 /// order so two brokers creating overlapping sets never deadlock.
@@ -74,6 +76,21 @@ pub async fn resolve_ids(
                  SELECT queue_id, partition FROM wanted ORDER BY queue, partition
                  ON CONFLICT (queue_id, name) DO NOTHING
                  RETURNING queue_id, name, id
+             ), joined AS (
+                 -- The groups already subscribed to the queue get their row on the new
+                 -- partition at once, asking for attention: the one-statement pop serves it
+                 -- as soon as its first write commits, instead of a full pop first finding
+                 -- the partition untouched (storage::consume::group_rows). A group starts a
+                 -- partition created after its subscription began at offset 0; one whose
+                 -- start lies ahead is left to its first claim.
+                 INSERT INTO queen.partition_consumers
+                        (partition_id, consumer_group, queue_id, committed_offset, attention_at)
+                 SELECT c.id, s.consumer_group, c.queue_id, 0, now()
+                   FROM created c
+                   JOIN queen.consumer_subscriptions s ON s.queue_id = c.queue_id
+                  WHERE s.subscription_from IS NULL OR s.subscription_from <= now()
+                  ORDER BY c.id, s.consumer_group
+                 ON CONFLICT (partition_id, consumer_group) DO NOTHING
              )
              SELECT w.queue, w.partition, COALESCE(c.id, p.id)
                FROM wanted w
