@@ -255,7 +255,10 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
 
     let committer_arbiter = Arbiter::new();
     let partition_arbiter = Arbiter::new();
-    let cache = Arc::new(SegmentCache::new(settings.segment_cache_bytes));
+    let cache = Arc::new(
+        SegmentCache::new(settings.segment_cache_bytes)
+            .growing_to(settings.segment_cache_max_bytes),
+    );
     let metrics = Arc::new(Metrics::new(settings.metrics));
     let payload_key = settings
         .encryption_key

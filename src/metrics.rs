@@ -93,6 +93,10 @@ pub struct Gauges {
     pub leases_ahead: [u64; 3],
     /// Segments pops took from the segment cache and read from PostgreSQL since start.
     pub cache_reads: [u64; 2],
+    /// Of the segments read from PostgreSQL, those the cache had evicted lately.
+    pub cache_rereads: u64,
+    /// The segment cache's byte budget now.
+    pub cache_budget: usize,
     /// Request bytes held by the write path.
     pub inflight_bytes: usize,
     /// Items handed to committers and not yet committed.
@@ -139,6 +143,8 @@ struct GaugeSet {
     database_switches: IntCounter,
     leases_ahead: IntCounterVec,
     cache_reads: IntCounterVec,
+    cache_rereads: IntCounter,
+    cache_budget: IntGauge,
     inflight_bytes: IntGauge,
     commit_backlog: IntGauge,
     leases: IntGaugeVec,
@@ -453,6 +459,16 @@ impl Metrics {
                 "segments pops took from the segment cache (hit) or read from PostgreSQL (miss)",
                 &["result"],
             ),
+            cache_rereads: counter(
+                &r,
+                "queen_segment_cache_rereads_total",
+                "segments pops read from PostgreSQL again after the segment cache evicted them (each grew its budget)",
+            ),
+            cache_budget: gauge(
+                &r,
+                "queen_segment_cache_budget_bytes",
+                "the segment cache's byte budget now (QUEEN_SEGMENT_CACHE_BYTES up to QUEEN_SEGMENT_CACHE_MAX_BYTES)",
+            ),
             inflight_bytes: gauge(
                 &r,
                 "queen_inflight_bytes",
@@ -729,6 +745,8 @@ impl Metrics {
         for (result, total) in ["hit", "miss"].into_iter().zip(g.cache_reads) {
             catch_up(&set.cache_reads.with_label_values(&[result]), total);
         }
+        catch_up(&set.cache_rereads, g.cache_rereads);
+        set.cache_budget.set(g.cache_budget as i64);
         if !g.database_host.is_empty() {
             set.database_host.reset();
             set.database_host
@@ -1110,6 +1128,8 @@ mod tests {
             ack_pool_idle: 1,
             leases_ahead: [7, 5, 2],
             cache_reads: [30, 4],
+            cache_rereads: 3,
+            cache_budget: 1 << 20,
             ..Gauges::default()
         };
         let text = String::from_utf8(m.prometheus_text(&g).unwrap()).unwrap();
@@ -1132,6 +1152,8 @@ mod tests {
             "queen_pop_leases_ahead_total{outcome=\"released\"} 2",
             "queen_segment_cache_reads_total{result=\"hit\"} 30",
             "queen_segment_cache_reads_total{result=\"miss\"} 4",
+            "queen_segment_cache_rereads_total 3",
+            "queen_segment_cache_budget_bytes 1048576",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

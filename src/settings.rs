@@ -212,7 +212,8 @@ variables! {
     QUEEN_COMMITTER_SPILL_ITEMS, "queen_committer_spill_items", Value("256"), Count, "items one committer holds before the next starts a parallel transaction";
     QUEEN_CONSUMER_LAG_MS, "queen_consumer_lag_ms", Value("100"), MillisOrZero, "when a pop hands out a message that waited this long (its consumers are behind), pushes commit one transaction at a time for the next 250 ms instead of spilling into parallel ones, pausing after each the longer the further behind (1 ms per 4 ms beyond this, at most 30 ms), leaving CPU to the consumers (0 turns this off)";
     QUEEN_COMMIT_TIMEOUT_MS, "queen_commit_timeout_ms", Value("10000"), Millis, "a commit taking longer counts as PostgreSQL unreachable (its items are spooled)";
-    QUEEN_SEGMENT_CACHE_BYTES, "queen_segment_cache_bytes", Value("8388608"), Bytes, "committed segments kept in memory for pops and acks, of queues popped on this broker within the last minute (0 turns the cache off)";
+    QUEEN_SEGMENT_CACHE_BYTES, "queen_segment_cache_bytes", Value("8388608"), Bytes, "committed segments kept in memory for pops and acks, of queues popped on this broker within the last minute (0 turns the cache off); the budget it starts with and shrinks back to";
+    QUEEN_SEGMENT_CACHE_MAX_BYTES, "queen_segment_cache_max_bytes", Value("67108864"), Bytes, "the segment cache's budget grows up to this while pops read again segments it evicted lately (consumer groups behind one another), and halves back towards `QUEEN_SEGMENT_CACHE_BYTES` after a minute without (at or below that: fixed budget)";
     QUEEN_SEGMENT_FORMAT, "queen_segment_format", Value("framed"), Choice(super::SEGMENT_FORMATS), "layout of the segments this broker writes: `framed` (record frames of the 2.x binary wire, which framed pops send as stored) or `items` (the only layout brokers before it read): set `items` while such brokers share the database (docs/binary-wire.md, \"Stored frames\")";
     QUEEN_POP_FRAMES_COMPRESS_FROM, "queen_pop_frames_compress_from", Value("0"), Bytes, "a framed pop (`frames=true`) compresses its records with zstd when its payloads come to at least this many bytes (0: never; the records then go as stored; compressing costs about 1 µs of broker CPU per message for a third fewer bytes on the wire)";
     QUEEN_EPHEMERAL_MAX_BYTES, "queen_ephemeral_max_bytes", Value("268435456"), Bytes, "memory all ephemeral queues of this broker may hold (payloads plus 128 bytes per message); a push past it gets 503 + `Retry-After` (0 refuses every ephemeral push)";
@@ -646,6 +647,8 @@ pub struct Settings {
     pub commit_timeout: Duration,
     /// Bytes of committed segments kept in memory for pops and acks (0: none).
     pub segment_cache_bytes: usize,
+    /// The most the segment cache's budget grows to.
+    pub segment_cache_max_bytes: usize,
     /// Segments are written as version 1 (`QUEEN_SEGMENT_FORMAT=items`), not the framed layout.
     pub segment_items: bool,
     /// Payload bytes from which a framed pop compresses its records (0: never).
@@ -1130,6 +1133,7 @@ impl Settings {
             consumer_lag: src.duration(&QUEEN_CONSUMER_LAG_MS)?,
             commit_timeout: src.duration(&QUEEN_COMMIT_TIMEOUT_MS)?,
             segment_cache_bytes: src.bytes(&QUEEN_SEGMENT_CACHE_BYTES)? as usize,
+            segment_cache_max_bytes: src.bytes(&QUEEN_SEGMENT_CACHE_MAX_BYTES)? as usize,
             segment_items: src.choice(&QUEEN_SEGMENT_FORMAT)? == "items",
             pop_frames_compress_from: src.bytes(&QUEEN_POP_FRAMES_COMPRESS_FROM)? as usize,
             ephemeral_max_bytes: src.bytes(&QUEEN_EPHEMERAL_MAX_BYTES)? as usize,

@@ -71,6 +71,8 @@ fn gauges(state: &AppState) -> Gauges {
             let r = state.cache.reads();
             [r.hits, r.misses]
         },
+        cache_rereads: state.cache.reads().rereads,
+        cache_budget: state.cache.budget(),
         inflight_bytes: crate::state::inflight_bytes(state),
         commit_backlog: state.committers.backlog(),
         leases: None,

@@ -416,3 +416,72 @@ async fn the_ack_by_recorded_ids_answers_as_the_general_path_does() {
 async fn a_lease_that_ran_out_keeps_no_say_through_its_recorded_ids() {
     lease_runs_out("1", false).await;
 }
+
+/// Every message of queue `q` a group's pops of one segment each (autoAck) hand out, in order.
+async fn read_all(app: &TestApp, group: &str) -> Vec<i64> {
+    let mut seen = Vec::new();
+    loop {
+        let reply = pop(
+            app,
+            "q",
+            &format!("consumerGroup={group}&batch=5&autoAck=true"),
+        )
+        .await;
+        if reply.status == 204 {
+            return seen;
+        }
+        assert_eq!(reply.status, 200, "{:?}", reply.body);
+        seen.extend(ns(&reply));
+    }
+}
+
+#[actix_web::test]
+async fn groups_further_apart_than_the_budget_grow_it_until_each_segment_is_read_once() {
+    let db = fresh_db().await;
+    // Written through a broker nobody pops from, so no segment is cached at commit.
+    let writer = spawn_app(&db).await;
+    for k in 0..8 {
+        push_n(&writer, "q", "p", k * 5, 5).await;
+    }
+    let mut conn = db.conn().await;
+    let largest: i32 = sqlx::query_scalar("SELECT max(length(frames)) FROM queen.segments")
+        .fetch_one(&mut conn)
+        .await
+        .expect("segment sizes");
+    // A base that holds one of the eight segments (each costs its frames plus some bookkeeping),
+    // a ceiling that holds them all.
+    let base = (largest + 200).to_string();
+    let app = spawn_app_with(test_settings(
+        &db,
+        &[
+            ("QUEEN_SEGMENT_CACHE_BYTES", base.as_str()),
+            ("QUEEN_SEGMENT_CACHE_MAX_BYTES", "1048576"),
+        ],
+    ))
+    .await;
+    let cache = &app.broker.state.cache;
+    let all: Vec<i64> = (0..40).collect();
+
+    // The first group reads every segment from PostgreSQL once: nothing read twice, no growth.
+    assert_eq!(read_all(&app, "a").await, all);
+    let after_a = cache.reads();
+    assert_eq!((after_a.misses, after_a.rereads), (8, 0), "{after_a:?}");
+    assert_eq!(cache.budget(), base.parse::<usize>().unwrap());
+
+    // The second group, the whole queue behind, reads again what the base could not hold: each
+    // such read grows the budget.
+    assert_eq!(read_all(&app, "b").await, all);
+    let after_b = cache.reads();
+    assert!(after_b.rereads >= 1, "{after_b:?}");
+    assert_eq!(after_b.rereads, after_b.misses - 8, "{after_b:?}");
+    assert!(
+        cache.budget() > 8 * base.parse::<usize>().unwrap() / 2,
+        "budget {} after {after_b:?}",
+        cache.budget()
+    );
+
+    // A third group finds every segment held: PostgreSQL sends none of them again.
+    assert_eq!(read_all(&app, "c").await, all);
+    assert_eq!(cache.reads().misses, after_b.misses, "{:?}", cache.reads());
+    assert!(cache.bytes() <= cache.budget());
+}

@@ -13,6 +13,14 @@
 //! Eviction is oldest-inserted first under a byte budget: segments are read roughly in the
 //! order they were written, and a consumed segment is rarely read again.
 //!
+//! The budget sizes itself between a base (`QUEEN_SEGMENT_CACHE_BYTES`) and a ceiling
+//! (`QUEEN_SEGMENT_CACHE_MAX_BYTES`). The cache remembers the keys of the segments it evicted
+//! lately ([`Ghosts`]), as many bytes of them as the budget could still grow by. A pop that
+//! reads one of those again from PostgreSQL (a consumer group behind another one, fan-out) is
+//! a read a larger budget would have saved, so the budget grows by twice that segment's size;
+//! after [`SHRINK_AFTER`] without such a read it halves, down to the base. One group reading
+//! a queue once never reads a segment twice, so its broker stays at the base.
+//!
 //! A committed segment is kept only when its queue is being consumed on this broker (a pop of
 //! it started within [`CONSUMED_FOR`]): a queue nobody pops here would only fill the budget
 //! with bytes no pop of this broker reads, and copy them on the push path for nothing.
@@ -70,6 +78,12 @@ pub const CONSUMED_FOR: std::time::Duration = std::time::Duration::from_secs(60)
 /// Leases remembered at most (oldest forgotten first).
 const MAX_LEASES: usize = 16_384;
 
+/// Evicted segments remembered at most (their keys, about 40 bytes each), whatever their bytes.
+const MAX_GHOSTS: usize = 16_384;
+
+/// How long the budget stays above the base with no segment read again before it halves.
+pub const SHRINK_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Bytes of leases' transaction ids kept at most (the oldest leases lose theirs first; their
 /// acks then read the segments).
 const LEASE_IDS_BYTES: usize = 4 << 20;
@@ -120,16 +134,76 @@ impl Leases {
     }
 }
 
+/// The keys of segments evicted lately and what each cost: the ones a budget larger by up to
+/// `room` bytes would still hold, oldest first.
 #[derive(Debug, Default)]
+struct Ghosts {
+    costs: HashMap<(i64, i64), usize>,
+    /// Eviction order; keys read again since stay here until trimmed.
+    order: VecDeque<(i64, i64)>,
+    bytes: usize,
+}
+
+impl Ghosts {
+    /// Remembers an evicted segment, then forgets the oldest past `room` bytes.
+    fn push(&mut self, key: (i64, i64), cost: usize, room: usize) {
+        if self.costs.insert(key, cost).is_none() {
+            self.order.push_back(key);
+            self.bytes += cost;
+        }
+        self.trim(room);
+    }
+
+    /// Forgets the oldest until at most `room` bytes and [`MAX_GHOSTS`] keys are remembered.
+    fn trim(&mut self, room: usize) {
+        while self.bytes > room || self.costs.len() > MAX_GHOSTS {
+            let Some(key) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(cost) = self.costs.remove(&key) {
+                self.bytes -= cost;
+            }
+        }
+        if self.order.len() > 2 * MAX_GHOSTS {
+            let costs = &self.costs;
+            self.order.retain(|key| costs.contains_key(key));
+        }
+    }
+
+    /// The cost of `key` if it was evicted lately; it is forgotten.
+    fn take(&mut self, key: (i64, i64)) -> Option<usize> {
+        let cost = self.costs.remove(&key)?;
+        self.bytes -= cost;
+        Some(cost)
+    }
+}
+
+#[derive(Debug)]
 struct Inner {
     /// partition id → base offset → segment.
     by_partition: HashMap<i64, BTreeMap<i64, Arc<CachedSegment>>>,
     /// Insertion order, for eviction.
     order: VecDeque<(i64, i64)>,
     bytes: usize,
+    /// The budget now, between the cache's base and ceiling.
+    budget: usize,
+    ghosts: Ghosts,
+    /// When a pop last read again a segment evicted lately, or the budget last halved.
+    grown_or_shrunk: std::time::Instant,
 }
 
 impl Inner {
+    fn new(budget: usize) -> Self {
+        Self {
+            by_partition: HashMap::new(),
+            order: VecDeque::new(),
+            bytes: 0,
+            budget,
+            ghosts: Ghosts::default(),
+            grown_or_shrunk: std::time::Instant::now(),
+        }
+    }
+
     /// The run of consecutive segments of `pid` held that ends at its newest one:
     /// `(pid, first base, last base)`.
     fn held_run(&self, pid: i64) -> Option<(i64, i64, i64)> {
@@ -152,7 +226,10 @@ const PARTITION_UUIDS: usize = 100_000;
 /// The cache; cheap to share behind an `Arc`.
 #[derive(Debug)]
 pub struct SegmentCache {
-    capacity: usize,
+    /// The budget it starts with and shrinks back to.
+    base: usize,
+    /// The budget it grows to at most.
+    ceiling: usize,
     /// Queue-level pops of each (queue id, group) running on this broker right now.
     running: Arc<Mutex<HashMap<(i64, String), usize>>>,
     /// When this broker last moved each (queue id, group)'s scan watermark.
@@ -172,6 +249,8 @@ pub struct SegmentCache {
     hits: AtomicU64,
     /// Segments pops read from PostgreSQL since start.
     misses: AtomicU64,
+    /// Of those, segments this cache had evicted lately.
+    rereads: AtomicU64,
 }
 
 /// How many segments pops took from the cache (`hits`) and read from PostgreSQL (`misses`).
@@ -181,24 +260,48 @@ pub struct CacheReads {
     pub hits: u64,
     /// Segments read from PostgreSQL (kept afterwards when they fit).
     pub misses: u64,
+    /// Of the misses, segments this cache had evicted lately (each grew the budget).
+    pub rereads: u64,
 }
 
 impl SegmentCache {
-    /// A cache holding at most `capacity` bytes of frames (0 disables it).
+    /// A cache holding at most `capacity` bytes of frames (0 disables it), never more; see
+    /// [`SegmentCache::growing_to`].
     pub fn new(capacity: usize) -> Self {
         Self {
-            capacity,
+            base: capacity,
+            ceiling: capacity,
             running: Arc::default(),
             watermarks: Every::default(),
             full_scans: Every::default(),
             woken_full_pops: Every::default(),
             popped: Mutex::default(),
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Inner::new(capacity)),
             leases: Mutex::new(Leases::default()),
             partition_uuids: Mutex::default(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
+            rereads: AtomicU64::new(0),
         }
+    }
+
+    /// Lets the budget grow up to `ceiling` bytes while pops read again segments it evicted
+    /// (see the module docs); a ceiling below the base, or a cache that is off, stays as it
+    /// is.
+    #[must_use]
+    pub fn growing_to(mut self, ceiling: usize) -> Self {
+        if self.base > 0 {
+            self.ceiling = ceiling.max(self.base);
+        }
+        self
+    }
+
+    /// The byte budget now (between the base and the ceiling).
+    pub fn budget(&self) -> usize {
+        self.inner
+            .lock()
+            .expect("segment cache lock poisoned")
+            .budget
     }
 
     /// Remembers a partition's UUID under its 64-bit id (at most `PARTITION_UUIDS` of them;
@@ -228,6 +331,7 @@ impl SegmentCache {
         CacheReads {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
+            rereads: self.rereads.load(Ordering::Relaxed),
         }
     }
 
@@ -239,7 +343,7 @@ impl SegmentCache {
 
     /// Keeps a committed segment (the caller checked [`SegmentCache::consumed_queues`]).
     pub fn insert(&self, partition_id: i64, base_offset: i64, count: i64, frames: Vec<u8>) {
-        if frames.len() + OVERHEAD <= self.capacity {
+        if frames.len() + OVERHEAD <= self.ceiling {
             let now = Some(std::time::Instant::now());
             self.keep(partition_id, base_offset, count, frames, now);
         }
@@ -248,7 +352,7 @@ impl SegmentCache {
     /// Records that a pop of `queue` starts on this broker: its segments committed within
     /// [`CONSUMED_FOR`] from now are kept.
     pub fn note_pop(&self, queue: &str) {
-        if self.capacity == 0 {
+        if self.ceiling == 0 {
             return;
         }
         let now = std::time::Instant::now();
@@ -274,7 +378,8 @@ impl SegmentCache {
             .collect()
     }
 
-    /// Keeps a segment a pop just read from PostgreSQL (a miss) and hands it back, shared.
+    /// Keeps a segment a pop just read from PostgreSQL (a miss) and hands it back, shared. A
+    /// segment this cache evicted lately grows the budget (see the module docs).
     pub fn insert_read(
         &self,
         partition_id: i64,
@@ -283,6 +388,14 @@ impl SegmentCache {
         frames: Vec<u8>,
     ) -> Arc<CachedSegment> {
         self.misses.fetch_add(1, Ordering::Relaxed);
+        if self.ceiling > self.base {
+            let mut inner = self.inner.lock().expect("segment cache lock poisoned");
+            if let Some(cost) = inner.ghosts.take((partition_id, base_offset)) {
+                self.rereads.fetch_add(1, Ordering::Relaxed);
+                inner.budget = inner.budget.saturating_add(2 * cost).min(self.ceiling);
+                inner.grown_or_shrunk = std::time::Instant::now();
+            }
+        }
         self.keep(partition_id, base_offset, count, frames, None)
     }
 
@@ -301,11 +414,18 @@ impl SegmentCache {
             frames,
             committed_at,
         });
-        if cost > self.capacity {
+        if cost > self.ceiling {
             return seg;
         }
         let mut guard = self.inner.lock().expect("segment cache lock poisoned");
         let inner = &mut *guard;
+        if inner.budget > self.base && inner.grown_or_shrunk.elapsed() >= SHRINK_AFTER {
+            inner.budget = (inner.budget / 2).max(self.base);
+            inner.grown_or_shrunk = std::time::Instant::now();
+        }
+        if cost > inner.budget {
+            return seg;
+        }
         let slot = inner.by_partition.entry(partition_id).or_default();
         if let Some(existing) = slot.get(&base_offset) {
             return existing.clone();
@@ -313,19 +433,25 @@ impl SegmentCache {
         slot.insert(base_offset, seg.clone());
         inner.order.push_back((partition_id, base_offset));
         inner.bytes += cost;
-        while inner.bytes > self.capacity {
+        let room = self.ceiling - inner.budget;
+        while inner.bytes > inner.budget {
             let Some((pid, base)) = inner.order.pop_front() else {
                 break;
             };
             if let Some(slot) = inner.by_partition.get_mut(&pid) {
                 if let Some(gone) = slot.remove(&base) {
-                    inner.bytes -= gone.frames.len() + OVERHEAD;
+                    let cost = gone.frames.len() + OVERHEAD;
+                    inner.bytes -= cost;
+                    if room > 0 {
+                        inner.ghosts.push((pid, base), cost, room);
+                    }
                 }
                 if slot.is_empty() {
                     inner.by_partition.remove(&pid);
                 }
             }
         }
+        inner.ghosts.trim(room);
         seg
     }
 
@@ -415,7 +541,7 @@ impl SegmentCache {
         partition: uuid::Uuid,
         delivered: impl Iterator<Item = (i64, &'a str)>,
     ) {
-        if self.capacity == 0 {
+        if self.ceiling == 0 {
             return;
         }
         let Some(txns) = LeaseTxns::new(delivered) else {
@@ -644,8 +770,22 @@ mod tests {
         let off = SegmentCache::new(0);
         off.insert_read(1, 0, 10, vec![0]);
         assert!(off.get(1, 0).is_none());
-        assert_eq!(cache.reads(), CacheReads { hits: 2, misses: 1 });
-        assert_eq!(off.reads(), CacheReads { hits: 0, misses: 1 });
+        assert_eq!(
+            cache.reads(),
+            CacheReads {
+                hits: 2,
+                misses: 1,
+                rereads: 0
+            }
+        );
+        assert_eq!(
+            off.reads(),
+            CacheReads {
+                hits: 0,
+                misses: 1,
+                rereads: 0
+            }
+        );
     }
 
     #[test]
@@ -722,5 +862,118 @@ mod tests {
         let off = SegmentCache::new(0);
         off.note_pop("orders");
         assert!(off.consumed_queues().is_empty());
+    }
+
+    /// What one 100-byte segment costs the budget.
+    const SEG: usize = 100 + OVERHEAD;
+
+    #[test]
+    fn segments_read_again_after_their_eviction_grow_the_budget_up_to_the_ceiling() {
+        let cache = SegmentCache::new(3 * SEG).growing_to(6 * SEG);
+        for base in 0..4 {
+            cache.insert_read(1, base, 1, vec![0u8; 100]);
+        }
+        assert!(cache.get(1, 0).is_none(), "the oldest left under the base");
+        assert_eq!(cache.budget(), 3 * SEG);
+        // A second group reads the evicted segment: a read a larger budget would have saved.
+        cache.insert_read(1, 0, 1, vec![0u8; 100]);
+        assert_eq!(cache.budget(), 5 * SEG);
+        assert_eq!(cache.reads().rereads, 1);
+        assert!(cache.get(1, 0).is_some(), "the segment read again is held");
+        assert!(
+            cache.get(1, 1).is_some(),
+            "the grown budget evicted nothing"
+        );
+        // Further re-reads stop at the ceiling, and the cache never holds more than it.
+        for round in 0..3 {
+            for base in 0..6 {
+                cache.insert_read(1, base, 1, vec![round; 100]);
+                assert!(cache.bytes() <= cache.budget());
+            }
+        }
+        assert_eq!(cache.budget(), 6 * SEG);
+        assert_eq!(cache.bytes(), 6 * SEG);
+        // Segments further apart than even the ceiling could hold never grow it: the cache
+        // remembers only as many evicted bytes as it could still grow by.
+        let cache = SegmentCache::new(3 * SEG).growing_to(4 * SEG);
+        for round in 0..3 {
+            for base in 0..12 {
+                cache.insert_read(1, base, 1, vec![round; 100]);
+            }
+        }
+        assert_eq!(cache.budget(), 3 * SEG);
+        assert_eq!(cache.reads().rereads, 0);
+    }
+
+    #[test]
+    fn one_pass_over_the_data_leaves_the_budget_at_its_base() {
+        let cache = SegmentCache::new(3 * SEG).growing_to(100 * SEG);
+        for base in 0..1000 {
+            cache.insert_read(1, base, 1, vec![0u8; 100]);
+            cache.insert(2, base, 1, vec![0u8; 100]);
+        }
+        assert_eq!(cache.budget(), 3 * SEG);
+        assert_eq!(cache.reads().rereads, 0);
+        assert_eq!(cache.bytes(), 3 * SEG);
+    }
+
+    #[test]
+    fn only_evictions_a_larger_budget_would_have_avoided_count() {
+        // Room to grow by two segments: the cache remembers the last two it evicted.
+        let cache = SegmentCache::new(2 * SEG).growing_to(4 * SEG);
+        for base in 0..10 {
+            cache.insert_read(1, base, 1, vec![0u8; 100]);
+        }
+        assert!(cache.inner.lock().unwrap().ghosts.bytes <= 2 * SEG);
+        // Evicted long ago: a budget at the ceiling would not have held it either.
+        cache.insert_read(1, 0, 1, vec![0u8; 100]);
+        assert_eq!(cache.budget(), 2 * SEG);
+        // Evicted last: it would have.
+        cache.insert_read(1, 7, 1, vec![0u8; 100]);
+        assert_eq!(cache.budget(), 4 * SEG);
+        assert_eq!(cache.reads().rereads, 1);
+    }
+
+    #[test]
+    fn without_segments_read_again_the_budget_halves_back_to_its_base() {
+        let cache = SegmentCache::new(2 * SEG).growing_to(16 * SEG);
+        for base in 0..3 {
+            cache.insert_read(1, base, 1, vec![0u8; 100]);
+        }
+        for _ in 0..4 {
+            cache.insert_read(1, 0, 1, vec![0u8; 100]);
+            cache.insert_read(1, 100, 1, vec![0u8; 100]);
+            cache.insert_read(1, 101, 1, vec![0u8; 100]);
+            cache.insert_read(1, 102, 1, vec![0u8; 100]);
+        }
+        let grown = cache.budget();
+        assert!(grown > 2 * SEG, "re-reads grew it ({grown})");
+        let long_ago = std::time::Instant::now() - SHRINK_AFTER - std::time::Duration::from_secs(1);
+        let mut halvings = 0;
+        while cache.budget() > 2 * SEG {
+            cache.inner.lock().unwrap().grown_or_shrunk = long_ago;
+            let before = cache.budget();
+            cache.insert(3, halvings, 1, vec![0u8; 100]);
+            assert_eq!(cache.budget(), (before / 2).max(2 * SEG));
+            assert!(cache.bytes() <= cache.budget());
+            halvings += 1;
+        }
+        assert!(halvings >= 1);
+        // Not before its time.
+        cache.inner.lock().unwrap().budget = 8 * SEG;
+        cache.inner.lock().unwrap().grown_or_shrunk = std::time::Instant::now();
+        cache.insert(3, 99, 1, vec![0u8; 100]);
+        assert_eq!(cache.budget(), 8 * SEG);
+    }
+
+    #[test]
+    fn a_cache_that_is_off_does_not_grow() {
+        let cache = SegmentCache::new(0).growing_to(1 << 20);
+        cache.insert_read(1, 0, 1, vec![0u8; 100]);
+        cache.insert_read(1, 0, 1, vec![0u8; 100]);
+        assert_eq!(cache.budget(), 0);
+        assert_eq!(cache.bytes(), 0);
+        // A ceiling below the base is the base.
+        assert_eq!(SegmentCache::new(4 * SEG).growing_to(SEG).ceiling, 4 * SEG);
     }
 }
