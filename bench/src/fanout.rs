@@ -59,31 +59,40 @@ pub struct FanoutMeasurement {
     pub cache_hits: u64,
     /// Segments pops read from PostgreSQL in the window.
     pub cache_misses: u64,
+    /// The broker's segment cache budget at the end of the window, bytes
+    /// (`queen_segment_cache_budget_bytes`; 0 from a broker without that gauge).
+    pub cache_budget_at_end: u64,
     /// Failed requests (producers and consumers).
     pub errors: u64,
     /// What went wrong.
     pub problems: Vec<String>,
 }
 
-/// The broker's segment cache reads so far: (hits, misses), from `/metrics/prometheus`.
-async fn cache_reads(port: u16) -> (u64, u64) {
+/// The broker's segment cache so far: (hits, misses, budget bytes), from
+/// `/metrics/prometheus`.
+async fn cache_reads(port: u16) -> (u64, u64, u64) {
     let mut conn = HttpConn::new(port);
     let Ok(r) = conn.request("GET", "/metrics/prometheus", b"").await else {
-        return (0, 0);
+        return (0, 0, 0);
     };
     reads_in(&String::from_utf8_lossy(&r.body))
 }
 
-/// (hits, misses) of `queen_segment_cache_reads_total` in a Prometheus text exposition.
-fn reads_in(text: &str) -> (u64, u64) {
-    let read = |result: &str| {
-        let key = format!("queen_segment_cache_reads_total{{result=\"{result}\"}}");
+/// (hits, misses) of `queen_segment_cache_reads_total` and `queen_segment_cache_budget_bytes`
+/// in a Prometheus text exposition (0 for what it lacks).
+fn reads_in(text: &str) -> (u64, u64, u64) {
+    let read = |key: &str| {
         text.lines()
-            .find_map(|l| l.strip_prefix(&key))
+            .find_map(|l| l.strip_prefix(key))
+            .filter(|v| v.starts_with(' '))
             .and_then(|v| v.trim().parse::<f64>().ok())
             .map_or(0, |v| v as u64)
     };
-    (read("hit"), read("miss"))
+    (
+        read("queen_segment_cache_reads_total{result=\"hit\"}"),
+        read("queen_segment_cache_reads_total{result=\"miss\"}"),
+        read("queen_segment_cache_budget_bytes"),
+    )
 }
 
 /// Messages queued by requests answered before `at`.
@@ -245,6 +254,7 @@ async fn measure_in(
         postgres_us_per_msg: cpu.postgres * 1e6 / per,
         cache_hits: r1.0.saturating_sub(r0.0),
         cache_misses: r1.1.saturating_sub(r0.1),
+        cache_budget_at_end: r1.2,
         errors,
         problems,
     })
@@ -277,6 +287,8 @@ pub struct FanoutRow {
     pub misses_per_1k: Spread,
     /// Share of segment reads served by the cache.
     pub hit_share: Spread,
+    /// The broker's segment cache budget at the end of the window, MiB.
+    pub cache_budget_mib: Spread,
 }
 
 /// The rows, per group count, with ratios against the same round's push-only run.
@@ -331,6 +343,7 @@ pub fn rows(all: &[FanoutMeasurement]) -> Vec<FanoutRow> {
                         f64::NAN
                     }
                 }),
+                cache_budget_mib: of(&|m| m.cache_budget_at_end as f64 / f64::from(1 << 20)),
             }
         })
         .collect()
@@ -339,7 +352,7 @@ pub fn rows(all: &[FanoutMeasurement]) -> Vec<FanoutRow> {
 /// The suite's table, medians with (min–max) over the rounds.
 pub fn table(rows: &[FanoutRow]) -> String {
     let mut s = format!(
-        "{:<12} {:>22} {:>18} {:>22} {:>22} {:>16} {:>20} {:>18} {:>18} {:>16} {:>16}\n",
+        "{:<12} {:>22} {:>18} {:>22} {:>22} {:>16} {:>20} {:>18} {:>18} {:>16} {:>16} {:>16}\n",
         "groups",
         "produced msg/s",
         "× push-only",
@@ -350,7 +363,8 @@ pub fn table(rows: &[FanoutRow]) -> String {
         "broker µs/deliv",
         "PG µs/deliv",
         "misses/1k deliv",
-        "cache hit share"
+        "cache hit share",
+        "cache MiB at end"
     );
     for r in rows {
         let (name, delivered) = if r.groups == 0 {
@@ -362,7 +376,7 @@ pub fn table(rows: &[FanoutRow]) -> String {
             )
         };
         s.push_str(&format!(
-            "{:<12} {:>22} {:>18} {:>22} {:>22} {:>16} {:>20} {:>18} {:>18} {:>16} {:>16}\n",
+            "{:<12} {:>22} {:>18} {:>22} {:>22} {:>16} {:>20} {:>18} {:>18} {:>16} {:>16} {:>16}\n",
             name,
             r.produced_msgs_per_sec.text(0),
             r.produced_vs_push_only.text(2),
@@ -373,7 +387,8 @@ pub fn table(rows: &[FanoutRow]) -> String {
             r.broker_us_per_msg.text(1),
             r.postgres_us_per_msg.text(1),
             r.misses_per_1k.text(2),
-            r.hit_share.text(3)
+            r.hit_share.text(3),
+            r.cache_budget_mib.text(0)
         ));
     }
     s
@@ -400,6 +415,7 @@ mod tests {
             postgres_us_per_msg: 1.0,
             cache_hits: 30,
             cache_misses: 10,
+            cache_budget_at_end: 8 << 20,
             errors: 0,
             problems: Vec::new(),
         }
@@ -422,13 +438,14 @@ mod tests {
         assert_eq!(two.max_lag_at_end.median, 25.0); // 30 and 20
         assert_eq!(two.misses_per_1k.median, 10.0);
         assert_eq!(two.hit_share.median, 0.75);
+        assert_eq!(two.cache_budget_mib.median, 8.0);
         assert!(table(&r).contains("push only"));
     }
 
     #[test]
     fn cache_reads_are_read_from_the_metrics_text() {
-        let text = "# HELP x\nqueen_segment_cache_reads_total{result=\"hit\"} 30\nqueen_segment_cache_reads_total{result=\"miss\"} 4\n";
-        assert_eq!(reads_in(text), (30, 4));
-        assert_eq!(reads_in(""), (0, 0));
+        let text = "# HELP x\nqueen_segment_cache_reads_total{result=\"hit\"} 30\nqueen_segment_cache_reads_total{result=\"miss\"} 4\nqueen_segment_cache_budget_bytes 8388608\n";
+        assert_eq!(reads_in(text), (30, 4, 8 << 20));
+        assert_eq!(reads_in(""), (0, 0, 0));
     }
 }
