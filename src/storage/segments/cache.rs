@@ -15,7 +15,7 @@
 //!
 //! The budget sizes itself between a base (`QUEEN_SEGMENT_CACHE_BYTES`) and a ceiling
 //! (`QUEEN_SEGMENT_CACHE_MAX_BYTES`). The cache remembers the keys of the segments it evicted
-//! lately ([`Ghosts`]), as many bytes of them as the budget could still grow by. A pop that
+//! lately (its ghosts), as many bytes of them as the budget could still grow by. A pop that
 //! reads one of those again from PostgreSQL (a consumer group behind another one, fan-out) is
 //! a read a larger budget would have saved, so the budget grows by twice that segment's size;
 //! after [`SHRINK_AFTER`] without such a read it halves, down to the base. One group reading
