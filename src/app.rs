@@ -18,6 +18,7 @@ use broker_actors::spool::{SpoolActor, SpoolError, SpoolHandle, SpoolState};
 use sqlx::PgPool;
 
 use crate::http::{Gate, Gatekeeper};
+use crate::memory;
 use crate::metrics::Metrics;
 use crate::pg::{ClusterError, PrivateCluster};
 use crate::settings::Settings;
@@ -255,10 +256,17 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
 
     let committer_arbiter = Arbiter::new();
     let partition_arbiter = Arbiter::new();
-    let cache = Arc::new(
-        SegmentCache::new(settings.segment_cache_bytes)
-            .growing_to(settings.segment_cache_max_bytes),
-    );
+    let memory = memory::limit();
+    let ceiling = SegmentCache::ceiling_within(settings.segment_cache_max_bytes, memory);
+    if ceiling < settings.segment_cache_max_bytes {
+        tracing::info!(
+            memory_bytes = memory.unwrap_or(0),
+            ceiling_bytes = ceiling,
+            configured_bytes = settings.segment_cache_max_bytes,
+            "segment cache ceiling lowered to a share of the memory this broker may use"
+        );
+    }
+    let cache = Arc::new(SegmentCache::new(settings.segment_cache_bytes).growing_to(ceiling));
     let metrics = Arc::new(Metrics::new(settings.metrics));
     let payload_key = settings
         .encryption_key

@@ -21,6 +21,7 @@
 //! - [`settings`]: environment variables (Queen's names) and `config/*.toml`.
 //! - [`pg`]: a private PostgreSQL cluster from the local server binaries.
 //! - [`logging`]: env_logger as text or one JSON object per line, with the request id.
+//! - [`memory`]: the memory this broker may use (cgroup limit or physical memory), read once.
 //! - [`tls`]: the HTTP listener's certificate and key (rustls), reloaded on SIGHUP.
 //! - [`wake`]: long-poll wake-ups (in-process, and across brokers via LISTEN/NOTIFY).
 // The OpenAPI document (http::openapi) is one json! literal deeper than the default limit.
@@ -34,6 +35,7 @@ pub mod http;
 pub mod kafka;
 pub mod lag;
 pub mod logging;
+pub mod memory;
 pub mod metrics;
 pub mod pg;
 pub mod protocol;

@@ -51,6 +51,11 @@ pub struct CachedSegment {
     pub committed_at: Option<std::time::Instant>,
 }
 
+/// The budget's ceiling is at most the memory the broker may use divided by this
+/// ([`SegmentCache::ceiling_within`]): 1/16, so the default 64 MiB ceiling applies from 1 GiB
+/// of memory up and a 256 MiB container grows the cache to 16 MiB at most.
+pub const MEMORY_SHARE: u64 = 16;
+
 /// Per-entry bookkeeping beyond the frames (map entries, queue slot).
 const OVERHEAD: usize = 96;
 
@@ -294,6 +299,16 @@ impl SegmentCache {
             self.ceiling = ceiling.max(self.base);
         }
         self
+    }
+
+    /// The ceiling a broker that may use `memory` bytes gives the budget: the configured one,
+    /// lowered to [`MEMORY_SHARE`] of that memory when it is smaller (a small container);
+    /// `None` (unknown memory) keeps the configured one.
+    pub fn ceiling_within(configured: usize, memory: Option<u64>) -> usize {
+        memory.map_or(configured, |m| {
+            let share = usize::try_from(m / MEMORY_SHARE).unwrap_or(usize::MAX);
+            configured.min(share)
+        })
     }
 
     /// The byte budget now (between the base and the ceiling).
@@ -975,5 +990,28 @@ mod tests {
         assert_eq!(cache.bytes(), 0);
         // A ceiling below the base is the base.
         assert_eq!(SegmentCache::new(4 * SEG).growing_to(SEG).ceiling, 4 * SEG);
+    }
+
+    #[test]
+    fn the_ceiling_stays_within_a_share_of_the_memory_the_broker_may_use() {
+        let configured = 64 << 20;
+        // A large machine: the configured ceiling.
+        assert_eq!(
+            SegmentCache::ceiling_within(configured, Some(24 << 30)),
+            configured
+        );
+        // 1 GiB: exactly the default ceiling; a 256 MiB container: 16 MiB.
+        assert_eq!(
+            SegmentCache::ceiling_within(configured, Some(1 << 30)),
+            64 << 20
+        );
+        assert_eq!(
+            SegmentCache::ceiling_within(configured, Some(256 << 20)),
+            16 << 20
+        );
+        // Unknown memory: as configured. A share below the base leaves the base fixed.
+        assert_eq!(SegmentCache::ceiling_within(configured, None), configured);
+        let tiny = SegmentCache::ceiling_within(configured, Some(64 << 20));
+        assert_eq!(SegmentCache::new(8 << 20).growing_to(tiny).ceiling, 8 << 20);
     }
 }
