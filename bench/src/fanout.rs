@@ -62,6 +62,9 @@ pub struct FanoutMeasurement {
     /// The broker's segment cache budget at the end of the window, bytes
     /// (`queen_segment_cache_budget_bytes`; 0 from a broker without that gauge).
     pub cache_budget_at_end: u64,
+    /// The broker's peak resident set (VmHWM) at the end of the run, MiB: one broker serves one
+    /// run, so this is the run's peak (priming included).
+    pub peak_rss_mib: Option<f64>,
     /// Failed requests (producers and consumers).
     pub errors: u64,
     /// What went wrong.
@@ -219,6 +222,8 @@ async fn measure_in(
         }
     }
     problems.extend(broker.log_problems(3));
+    let peak_rss_mib =
+        crate::measure::peak_rss_bytes(broker.pid()).map(|b| b as f64 / f64::from(1 << 20));
     broker.stop();
 
     let cpu = CpuUse::between(&c0, &c1, secs, params.ticks_per_sec);
@@ -255,6 +260,7 @@ async fn measure_in(
         cache_hits: r1.0.saturating_sub(r0.0),
         cache_misses: r1.1.saturating_sub(r0.1),
         cache_budget_at_end: r1.2,
+        peak_rss_mib,
         errors,
         problems,
     })
@@ -289,6 +295,8 @@ pub struct FanoutRow {
     pub hit_share: Spread,
     /// The broker's segment cache budget at the end of the window, MiB.
     pub cache_budget_mib: Spread,
+    /// The broker's peak RSS over the run, MiB (NaN when it could not be read).
+    pub peak_rss_mib: Spread,
 }
 
 /// The rows, per group count, with ratios against the same round's push-only run.
@@ -344,6 +352,7 @@ pub fn rows(all: &[FanoutMeasurement]) -> Vec<FanoutRow> {
                     }
                 }),
                 cache_budget_mib: of(&|m| m.cache_budget_at_end as f64 / f64::from(1 << 20)),
+                peak_rss_mib: of(&|m| m.peak_rss_mib.unwrap_or(f64::NAN)),
             }
         })
         .collect()
@@ -352,7 +361,7 @@ pub fn rows(all: &[FanoutMeasurement]) -> Vec<FanoutRow> {
 /// The suite's table, medians with (min–max) over the rounds.
 pub fn table(rows: &[FanoutRow]) -> String {
     let mut s = format!(
-        "{:<12} {:>22} {:>18} {:>22} {:>22} {:>16} {:>20} {:>18} {:>18} {:>16} {:>16} {:>16}\n",
+        "{:<12} {:>22} {:>18} {:>22} {:>22} {:>16} {:>20} {:>18} {:>18} {:>16} {:>16} {:>16} {:>16}\n",
         "groups",
         "produced msg/s",
         "× push-only",
@@ -364,7 +373,8 @@ pub fn table(rows: &[FanoutRow]) -> String {
         "PG µs/deliv",
         "misses/1k deliv",
         "cache hit share",
-        "cache MiB at end"
+        "cache MiB at end",
+        "peak RSS MiB"
     );
     for r in rows {
         let (name, delivered) = if r.groups == 0 {
@@ -376,7 +386,7 @@ pub fn table(rows: &[FanoutRow]) -> String {
             )
         };
         s.push_str(&format!(
-            "{:<12} {:>22} {:>18} {:>22} {:>22} {:>16} {:>20} {:>18} {:>18} {:>16} {:>16} {:>16}\n",
+            "{:<12} {:>22} {:>18} {:>22} {:>22} {:>16} {:>20} {:>18} {:>18} {:>16} {:>16} {:>16} {:>16}\n",
             name,
             r.produced_msgs_per_sec.text(0),
             r.produced_vs_push_only.text(2),
@@ -388,7 +398,8 @@ pub fn table(rows: &[FanoutRow]) -> String {
             r.postgres_us_per_msg.text(1),
             r.misses_per_1k.text(2),
             r.hit_share.text(3),
-            r.cache_budget_mib.text(0)
+            r.cache_budget_mib.text(0),
+            r.peak_rss_mib.text(1)
         ));
     }
     s
@@ -416,6 +427,7 @@ mod tests {
             cache_hits: 30,
             cache_misses: 10,
             cache_budget_at_end: 8 << 20,
+            peak_rss_mib: Some(40.0 + groups as f64),
             errors: 0,
             problems: Vec::new(),
         }
@@ -439,6 +451,7 @@ mod tests {
         assert_eq!(two.misses_per_1k.median, 10.0);
         assert_eq!(two.hit_share.median, 0.75);
         assert_eq!(two.cache_budget_mib.median, 8.0);
+        assert_eq!(two.peak_rss_mib.median, 42.0);
         assert!(table(&r).contains("push only"));
     }
 
