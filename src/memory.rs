@@ -56,15 +56,11 @@ fn limit_from(
 
 /// `dir` joined with `path` and with each of its ancestors, the deepest first, `dir` last.
 fn ancestors(dir: &Path, path: &str) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut at = dir.join(path.trim_start_matches('/'));
-    loop {
-        out.push(at.clone());
-        if at == dir || !at.pop() {
-            break;
-        }
-    }
-    out
+    dir.join(path.trim_start_matches('/'))
+        .ancestors()
+        .take_while(|at| at.starts_with(dir))
+        .map(Path::to_path_buf)
+        .collect()
 }
 
 /// A limit file's content: bytes, or `None` for v2's `max` (no limit) and anything unreadable.
