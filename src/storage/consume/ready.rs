@@ -1,7 +1,7 @@
 //! The common case in one statement: a queue-level pop claims the partition this broker
-//! handed off ([`HANDOFF_SQL`]) or the least recently claimed ready one ([`READY_SQL`]) and reads
-//! its segments in the same statement; the full pop in `mod.rs` runs only when this claims
-//! nothing.
+//! handed off ([`HANDOFF_SQL`]) or as many ready ones as it has room for ([`READY_SQL`]) and
+//! reads their segments in the same statement; the full pop in `mod.rs` runs only when this
+//! claims nothing.
 
 use uuid::Uuid;
 
@@ -12,7 +12,7 @@ use crate::storage::consume::statements::{
     HeldRuns, ReadyRow, HANDOFF_SQL, HELD_PARTITIONS, READY_SQL,
 };
 use crate::storage::consume::{
-    finish, Claimed, Collect, PopRequest, Popped, QueueInfo, Subscription, Take,
+    finish, Claimed, Collect, Delivery, PopRequest, Popped, QueueInfo, Subscription,
 };
 use crate::storage::error::StorageError;
 
@@ -21,9 +21,10 @@ use crate::storage::error::StorageError;
 pub(crate) const HANDOFF_TRIES: usize = 2;
 
 /// The queue-level pop by [`HANDOFF_SQL`] (a partition this broker released with messages
-/// left, when one waits) or [`READY_SQL`], one statement per claimed partition; `None` when it
-/// claimed nothing (the caller then runs the full pop). A lease claimed `ahead` is delivered
-/// first, as if this pop had claimed it (its lease id is the pop's).
+/// left, when one waits, one statement each) or [`READY_SQL`] (as many partitions as the pop
+/// has room for, in one statement); `None` when it claimed nothing (the caller then runs the
+/// full pop). A lease claimed `ahead` is delivered first, as if this pop had claimed it (its
+/// lease id is the pop's).
 pub(crate) async fn pop_ready(
     conn: &mut LazyConn<'_>,
     req: &PopRequest<'_>,
@@ -48,20 +49,19 @@ async fn claim_and_deliver(
     let mut ahead = ahead.map(|a| (a.partition_id, a.rows));
     // What the one-statement pop is told not to send, read once and only if it runs.
     let mut all_held: Option<HeldRuns> = None;
-    let sub = Subscription {
-        from: None,
-        scan: (0, 0),
-        // The one-statement pops never claim for a conflating group.
-        conflation: false,
+    let mut deliver = Deliver {
+        req,
+        lease_id,
+        queue: None,
+        remaining: req.batch.max(1),
+        slots: req.partitions.max(1),
+        deliveries: Vec::new(),
     };
-    let mut queue: Option<QueueInfo> = None;
-    let mut remaining = req.batch.max(1);
-    let mut deliveries = Vec::new();
     let mut handoffs_tried = 0;
-    // Whether the one-statement pop ran and found nothing: hand-offs are then tried even when
-    // it was its turn.
+    // Whether the one-statement pop ran and claimed fewer partitions than it was asked for:
+    // hand-offs are then tried even when it was its turn, and it is not run again.
     let mut ready_empty = false;
-    while remaining > 0 && deliveries.len() < req.partitions.max(1) {
+    while deliver.remaining > 0 && deliver.deliveries.len() < deliver.slots {
         let (handoff, rows) = match ahead.take() {
             Some((partition_id, rows)) => (Some(partition_id), rows),
             None => {
@@ -74,20 +74,66 @@ async fn claim_and_deliver(
                     break;
                 }
                 handoffs_tried += usize::from(handoff.is_some());
-                let rows = claim(conn, req, lease_id, remaining, handoff, &mut all_held).await?;
+                let open = deliver.slots - deliver.deliveries.len();
+                let want = (deliver.remaining, open);
+                let rows = claim(conn, req, lease_id, want, handoff, &mut all_held).await?;
+                // The lists hold no more than it claimed (a hand-off taken meanwhile or with
+                // nothing left just goes on to the next).
+                ready_empty |= handoff.is_none() && partitions_in(&rows) < open;
                 (handoff, rows)
             }
         };
-        let Some(head) = rows.first() else {
-            // A hand-off taken meanwhile or with nothing left: the next one, or the lists.
-            // The lists empty: a hand-off, if one waits.
-            ready_empty |= handoff.is_none();
-            continue;
-        };
-        if handoff.is_none() {
-            req.handoffs.forget(req.queue, req.group, head.partition_id);
+        let mut rows = rows.into_iter().peekable();
+        while let Some(head) = rows.next() {
+            let partition_id = head.partition_id;
+            let mut part = vec![head];
+            while let Some(row) = rows.next_if(|r| r.partition_id == partition_id) {
+                part.push(row);
+            }
+            if handoff.is_none() {
+                req.handoffs.forget(req.queue, req.group, partition_id);
+            }
+            // Every partition claimed is delivered or released, even past an empty one: its
+            // lease is this pop's.
+            deliver.partition(conn, part).await?;
         }
-        let info = queue.get_or_insert_with(|| QueueInfo {
+    }
+    Ok(match deliver.queue {
+        Some(q) if !deliver.deliveries.is_empty() => {
+            Some(finish(req, &q.name, lease_id, deliver.deliveries, false))
+        }
+        _ => None,
+    })
+}
+
+/// The distinct partitions of `rows` (each partition's rows are together).
+fn partitions_in(rows: &[ReadyRow]) -> usize {
+    rows.chunk_by(|a, b| a.partition_id == b.partition_id)
+        .count()
+}
+
+/// What [`claim_and_deliver`] has handed out so far, and what is left of the pop.
+struct Deliver<'r, 'a> {
+    req: &'r PopRequest<'a>,
+    lease_id: Uuid,
+    /// The queue, from the first claim's rows.
+    queue: Option<QueueInfo>,
+    remaining: usize,
+    slots: usize,
+    deliveries: Vec<Delivery>,
+}
+
+impl Deliver<'_, '_> {
+    /// Delivers (or releases, when nothing is deliverable) one claimed partition from its
+    /// rows (`rows[0]` carries the claim, each row one covering segment).
+    async fn partition(
+        &mut self,
+        conn: &mut LazyConn<'_>,
+        rows: Vec<ReadyRow>,
+    ) -> Result<(), StorageError> {
+        let req = self.req;
+        let head = &rows[0];
+        let info = self.queue.get_or_insert_with(|| QueueInfo {
             id: head.queue_id,
             name: req.queue.to_string(),
             lease_secs: head.lease_time,
@@ -128,37 +174,36 @@ async fn claim_and_deliver(
         if evicted {
             claimed.segments.clear();
         }
+        let sub = Subscription {
+            from: None,
+            scan: (0, 0),
+            // The one-statement pops never claim for a conflating group.
+            conflation: false,
+        };
         let mut collect = Collect {
             req,
             queue: info,
             sub: &sub,
-            lease_id,
-            remaining,
-            slots: req.partitions.max(1),
-            deliveries: std::mem::take(&mut deliveries),
+            lease_id: self.lease_id,
+            remaining: self.remaining,
+            slots: self.slots,
+            deliveries: std::mem::take(&mut self.deliveries),
         };
-        let taken = collect.deliver(conn, claimed).await?;
-        remaining = collect.remaining;
-        deliveries = collect.deliveries;
-        if !matches!(taken, Take::Taken) {
-            break;
-        }
+        collect.deliver(conn, claimed).await?;
+        self.remaining = collect.remaining;
+        self.deliveries = collect.deliveries;
+        Ok(())
     }
-    Ok(match queue {
-        Some(q) if !deliveries.is_empty() => {
-            Some(finish(req, &q.name, lease_id, deliveries, false))
-        }
-        _ => None,
-    })
 }
 
-/// One claim of [`pop_ready`]: the hand-off `handoff` (grouped with concurrent pops' claims,
-/// or alone when the group's statement failed), or the one-statement pop when none is named.
-pub(crate) async fn claim(
+/// One claim of [`pop_ready`] for `(messages, partitions)` at most: the hand-off `handoff`
+/// (one partition, grouped with concurrent pops' claims, or alone when the group's statement
+/// failed), or the one-statement pop when none is named.
+async fn claim(
     conn: &mut LazyConn<'_>,
     req: &PopRequest<'_>,
     lease_id: Uuid,
-    remaining: usize,
+    (remaining, partitions): (usize, usize),
     handoff: Option<i64>,
     all_held: &mut Option<HeldRuns>,
 ) -> Result<Vec<ReadyRow>, StorageError> {
@@ -166,6 +211,7 @@ pub(crate) async fn claim(
         let held =
             all_held.get_or_insert_with(|| req.cache.held_runs(HELD_PARTITIONS).into_iter().into());
         return Ok(ready_statement(READY_SQL, req, lease_id, remaining, held)
+            .bind(partitions as i64)
             .fetch_all(conn.get().await?)
             .await?);
     };
@@ -191,9 +237,9 @@ pub(crate) async fn claim(
     )
 }
 
-/// [`READY_SQL`] or [`HANDOFF_SQL`] with the parameters `$1`..`$8` both take (the hand-off
-/// claim binds its partition as `$9` after them).
-pub(crate) fn ready_statement<'q>(
+/// [`READY_SQL`] or [`HANDOFF_SQL`] with the parameters `$1`..`$8` both take (the one-statement
+/// pop binds its partition count as `$9` after them, the hand-off claim its partition).
+fn ready_statement<'q>(
     sql: &'q str,
     req: &'q PopRequest<'_>,
     lease_id: Uuid,

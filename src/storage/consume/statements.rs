@@ -197,9 +197,10 @@ macro_rules! claimed_segments {
 }
 pub(crate) use claimed_segments;
 
-/// The end both one-statement pops share: claim the `target` row (lease `$3` for owner `$4`,
-/// range `committed .. committed + $5` capped at the partition's end) and return the covering
-/// segments, without the frames of those in the held runs `$6`/`$7`/`$8`.
+/// The end both one-statement pops share: claim the `target` rows (lease `$3` for owner `$4`,
+/// range `committed .. committed + $5 - before` capped at the partition's end, where `before`
+/// is what the rows ahead of it in `ord` take of the batch) and return the covering segments,
+/// without the frames of those in the held runs `$6`/`$7`/`$8`, partition by partition in `ord`.
 macro_rules! one_statement_claim {
     () => {
         concat!(
@@ -215,13 +216,13 @@ claim AS (
            attention_at = NULL,
            leased_from = c.committed_offset,
            leased_to = GREATEST(c.committed_offset,
-                                LEAST(c.committed_offset + $5, p.next_offset))
+                                LEAST(c.committed_offset + ($5 - t.before), p.next_offset))
       FROM target t, queen.partitions p
      WHERE c.partition_id = t.partition_id
        AND c.consumer_group = t.consumer_group
        AND p.id = t.partition_id
  RETURNING c.partition_id, p.uuid, p.name, c.committed_offset, c.batch_retry_count,
-           p.next_offset, c.leased_to
+           p.next_offset, c.leased_to, t.ord
 )
 SELECT q.id AS queue_id, q.lease_time,
        claim.partition_id, claim.uuid, claim.name, claim.committed_offset,
@@ -238,33 +239,36 @@ SELECT q.id AS queue_id, q.lease_time,
  CROSS JOIN q",
             claimed_segments!(),
             "
- ORDER BY s.base_offset"
+ ORDER BY claim.ord, s.base_offset"
         )
     };
 }
 
-/// The queue-level pop in one statement, for the common case: claim one partition of the queue
-/// that the group has a row for, with messages past its committed offset and no live lease,
-/// taken from three lists in turn: leases that ran out (oldest first), rows released with
-/// messages left (in release order), partitions written since the group's watermark (of the 16
-/// written longest ago, the one claimed least recently). Each list is read from its index only
-/// as far as its first claimable row, skipping rows another claim is locking (`SKIP LOCKED`),
-/// so a pop reads a handful of rows however many partitions wait. It records the leased range
-/// and returns the covering segments with the queue's options, without the frames of the
-/// segments the broker holds: for each partition in `$6`, those with bases from `$7` to `$8`
-/// (the run of consecutive segments it holds, [`crate::storage::segments::cache::SegmentCache::held_runs`]). No row: nothing
-/// claimable among those lists, or a case this statement leaves to the full pop (no
-/// subscription yet, a window buffer, delayed processing, a conflating group); the caller then
-/// runs the full pop,
+/// The queue-level pop in one statement, for the common case: claim up to `$9` partitions of
+/// the queue that the group has a row for, with messages past its committed offset and no live
+/// lease, taken from three lists in turn: leases that ran out (oldest first), rows released
+/// with messages left (in release order), partitions written since the group's watermark (of
+/// the 16 written longest ago, those claimed least recently). Each list is read from its index
+/// only as far as its first `$9` claimable rows, skipping rows another claim is locking (`SKIP
+/// LOCKED`), so a pop reads a handful of rows however many partitions wait. The batch `$5` is
+/// shared out in that order: each partition takes what it holds of what the ones before it left,
+/// and a partition nothing is left for is not claimed. It records each leased range and returns
+/// the covering segments with the queue's options, partition after partition, without the
+/// frames of the segments the broker holds: for each partition in `$6`, those with bases from
+/// `$7` to `$8` (the run of consecutive segments it holds,
+/// [`crate::storage::segments::cache::SegmentCache::held_runs`]). No row: nothing claimable
+/// among those lists, or a case this statement leaves to the full pop (no subscription yet, a
+/// window buffer, delayed processing, a conflating group); the caller then runs the full pop,
 /// which also settles and rescans.
 pub const READY_SQL: &str = concat!(
     one_statement_queue!(),
     ",
 expired AS (
     -- Leases that ran out, oldest first: walked in index order (the queue id is a parameter
-    -- of the scan, not a join, so the index gives the order), the first row not locked by a
-    -- concurrent pop that still has messages wins; nothing after it is read.
-    SELECT c.partition_id, c.consumer_group
+    -- of the scan, not a join, so the index gives the order), the first rows not locked by a
+    -- concurrent pop that still have messages win; nothing after them is read.
+    SELECT c.partition_id, c.consumer_group, 1 AS list, c.lease_expires_at AS since,
+           p.next_offset - c.committed_offset AS waiting
       FROM queen.partition_consumers c
       JOIN queen.partitions p ON p.id = c.partition_id
      WHERE c.queue_id = (SELECT id FROM q)
@@ -272,12 +276,13 @@ expired AS (
        AND c.lease_expires_at <= now()
        AND c.committed_offset < p.next_offset
      ORDER BY c.lease_expires_at
-     LIMIT 1
+     LIMIT $9
        FOR UPDATE OF c SKIP LOCKED
 ), released AS (
     -- Rows released with messages left behind, in the order they were released (a queue of
     -- partitions waiting for a consumer), read the same way.
-    SELECT c.partition_id, c.consumer_group
+    SELECT c.partition_id, c.consumer_group, 2 AS list, c.attention_at AS since,
+           p.next_offset - c.committed_offset AS waiting
       FROM queen.partition_consumers c
       JOIN queen.partitions p ON p.id = c.partition_id
      WHERE c.queue_id = (SELECT id FROM q)
@@ -286,7 +291,7 @@ expired AS (
        AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
        AND c.committed_offset < p.next_offset
      ORDER BY c.attention_at
-     LIMIT 1
+     LIMIT $9
        FOR UPDATE OF c SKIP LOCKED
 ), recent AS MATERIALIZED (
     -- The 16 partitions written longest ago since the watermark, read from the write-order
@@ -299,26 +304,43 @@ expired AS (
      ORDER BY w.last_write_xid, w.id
      LIMIT 16
 ), written AS (
-    -- Of those, the one claimed least recently (a partition written all the time is always
+    -- Of those, the ones claimed least recently (a partition written all the time is always
     -- among the newest writes, so the write order alone would keep it waiting); the group's
     -- rows are probed by primary key, once.
-    SELECT c.partition_id, c.consumer_group
+    SELECT c.partition_id, c.consumer_group, 3 AS list,
+           COALESCE(c.lease_acquired_at, '-infinity') AS since,
+           (SELECT r.next_offset FROM recent r WHERE r.id = c.partition_id)
+             - c.committed_offset AS waiting
       FROM queen.partition_consumers c
      WHERE c.partition_id = ANY (ARRAY(SELECT r.id FROM recent r))
        AND c.consumer_group = $2
        AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
        AND c.committed_offset < (SELECT r.next_offset FROM recent r WHERE r.id = c.partition_id)
      ORDER BY c.lease_acquired_at NULLS FIRST
-     LIMIT 1
+     LIMIT $9
        FOR UPDATE OF c SKIP LOCKED
+), listed AS (
+    -- A row on several lists counts on the first.
+    SELECT DISTINCT ON (l.partition_id) l.*
+      FROM (SELECT * FROM expired
+            UNION ALL
+            SELECT * FROM released
+            UNION ALL
+            SELECT * FROM written) l
+     ORDER BY l.partition_id, l.list, l.since
+), shared AS (
+    -- The lists in turn, each partition with what the ones before it take of the batch.
+    SELECT l.partition_id, l.consumer_group,
+           row_number() OVER w AS ord,
+           (sum(l.waiting) OVER w)::int8 - l.waiting AS before
+      FROM listed l
+    WINDOW w AS (ORDER BY l.list, l.since, l.partition_id)
 ), target AS (
-    -- The three lists in turn: a later one is read only when the earlier ones found nothing.
-    SELECT * FROM expired
-    UNION ALL
-    SELECT * FROM released
-    UNION ALL
-    SELECT * FROM written
-     LIMIT 1
+    SELECT s.partition_id, s.consumer_group, s.ord, s.before
+      FROM shared s
+     WHERE s.before < $5
+     ORDER BY s.ord
+     LIMIT $9
 ",
     one_statement_claim!()
 );
@@ -333,7 +355,7 @@ pub const HANDOFF_SQL: &str = concat!(
     one_statement_queue!(),
     ",
 target AS (
-    SELECT c.partition_id, c.consumer_group
+    SELECT c.partition_id, c.consumer_group, 1::int8 AS ord, 0::int8 AS before
       FROM queen.partition_consumers c
       JOIN queen.partitions p ON p.id = c.partition_id
      WHERE c.partition_id = $9
