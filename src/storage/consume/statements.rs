@@ -248,9 +248,10 @@ SELECT q.id AS queue_id, q.lease_time,
 /// the queue that the group has a row for, with messages past its committed offset and no live
 /// lease, taken from three lists in turn: leases that ran out (oldest first), rows released
 /// with messages left (in release order), partitions written since the group's watermark (of
-/// the 16 written longest ago, those claimed least recently). Each list is read from its index
-/// only as far as its first `$9` claimable rows, skipping rows another claim is locking (`SKIP
-/// LOCKED`), so a pop reads a handful of rows however many partitions wait. The batch `$5` is
+/// the 16 written longest ago, those claimed least recently); no row is on two lists. Each
+/// list is read from its index only as far as the claimable rows the pop still has room for,
+/// skipping rows another claim is locking (`SKIP LOCKED`), and not at all when the earlier
+/// ones filled the room, so a pop reads a handful of rows however many partitions wait. The batch `$5` is
 /// shared out in that order: each partition takes what it holds of what the ones before it left,
 /// and a partition nothing is left for is not claimed. It records each leased range and returns
 /// the covering segments with the queue's options, partition after partition, without the
@@ -288,7 +289,7 @@ expired AS (
      WHERE c.queue_id = (SELECT id FROM q)
        AND c.consumer_group = $2
        AND c.attention_at <= now()
-       AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+       AND c.lease_expires_at IS NULL
        AND c.committed_offset < p.next_offset
      ORDER BY c.attention_at
      LIMIT $9
@@ -314,20 +315,21 @@ expired AS (
       FROM queen.partition_consumers c
      WHERE c.partition_id = ANY (ARRAY(SELECT r.id FROM recent r))
        AND c.consumer_group = $2
-       AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+       AND c.lease_expires_at IS NULL
+       AND (c.attention_at IS NULL OR c.attention_at > now())
        AND c.committed_offset < (SELECT r.next_offset FROM recent r WHERE r.id = c.partition_id)
      ORDER BY c.lease_acquired_at NULLS FIRST
      LIMIT $9
        FOR UPDATE OF c SKIP LOCKED
 ), listed AS (
-    -- A row on several lists counts on the first.
-    SELECT DISTINCT ON (l.partition_id) l.*
-      FROM (SELECT * FROM expired
-            UNION ALL
-            SELECT * FROM released
-            UNION ALL
-            SELECT * FROM written) l
-     ORDER BY l.partition_id, l.list, l.since
+    -- The lists in turn (no row is on two of them), a later one read only as far as the
+    -- earlier ones left room.
+    SELECT * FROM expired
+    UNION ALL
+    SELECT * FROM released
+    UNION ALL
+    SELECT * FROM written
+     LIMIT $9
 ), shared AS (
     -- The lists in turn, each partition with what the ones before it take of the batch.
     SELECT l.partition_id, l.consumer_group,
@@ -339,8 +341,6 @@ expired AS (
     SELECT s.partition_id, s.consumer_group, s.ord, s.before
       FROM shared s
      WHERE s.before < $5
-     ORDER BY s.ord
-     LIMIT $9
 ",
     one_statement_claim!()
 );
