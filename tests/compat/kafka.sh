@@ -60,11 +60,14 @@ HOST=127.0.0.1 PORT=$port QUEEN_KAFKA_PORT=$kafka_port FILE_BUFFER_DIR="$tmp/spo
     LOG_LEVEL=${LOG_LEVEL:-warn} QUEEN_CONFIG="" \
     "$broker_bin" >"$tmp/broker.log" 2>&1 &
 broker_pid=$!
+# wait_healthy PORT LOG: waits for the broker on PORT; when it does not answer, shows the end
+# of its LOG (a port taken meanwhile, a start-up error) before failing.
 wait_healthy() {
-    "$venv/bin/python" - "$1" <<'PY'
+    "$venv/bin/python" - "$1" "$2" <<'PY'
 import sys, time, urllib.request
 url = f"http://127.0.0.1:{sys.argv[1]}/health"
-for _ in range(300):
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
     try:
         with urllib.request.urlopen(url, timeout=1) as r:
             if r.status == 200:
@@ -72,10 +75,15 @@ for _ in range(300):
     except Exception:
         pass
     time.sleep(0.1)
-sys.exit("compat-kafka: the broker did not become healthy within 30 s")
+try:
+    with open(sys.argv[2], errors="replace") as log:
+        sys.stderr.write("".join(log.readlines()[-30:]))
+except OSError as e:
+    sys.stderr.write(f"(no broker log: {e})\n")
+sys.exit(f"compat-kafka: the broker on port {sys.argv[1]} did not become healthy within 60 s")
 PY
 }
-wait_healthy "$port"
+wait_healthy "$port" "$tmp/broker.log"
 echo "compat-kafka: broker on port $port, Kafka on $kafka_port"
 
 status=0
@@ -137,7 +145,7 @@ HOST=127.0.0.1 PORT=$second_port QUEEN_KAFKA_PORT=$second_kafka_port FILE_BUFFER
     LOG_LEVEL=${LOG_LEVEL:-info} QUEEN_CONFIG="" \
     "$broker_bin" >"$tmp/broker-second.log" 2>&1 &
 second_pid=$!
-wait_healthy "$second_port"
+wait_healthy "$second_port" "$tmp/broker-second.log"
 echo "compat-kafka: second broker on port $second_port, Kafka on $second_kafka_port"
 two_status=0
 "$venv/bin/python" "$root/tests/compat/kafka.py" two-brokers "$kafka_port" "$second_kafka_port" "$broker_pid" \
@@ -175,7 +183,7 @@ HOST=127.0.0.1 PORT=$auth_port QUEEN_KAFKA_PORT=$auth_kafka_port FILE_BUFFER_DIR
     LOG_LEVEL=${LOG_LEVEL:-warn} QUEEN_CONFIG="" \
     "$broker_bin" >"$tmp/broker-auth.log" 2>&1 &
 auth_pid=$!
-wait_healthy "$auth_port"
+wait_healthy "$auth_port" "$tmp/broker-auth.log"
 echo "compat-kafka: broker with JWT_ENABLED on port $auth_port, Kafka (SASL) on $auth_kafka_port"
 auth_status=0
 if command -v kcat >/dev/null; then
