@@ -12,7 +12,7 @@ use crate::storage::consume::statements::{
     HeldRuns, ReadyRow, HANDOFF_SQL, HELD_PARTITIONS, READY_SQL,
 };
 use crate::storage::consume::{
-    finish, Claimed, Collect, Delivery, PopRequest, Popped, QueueInfo, Subscription,
+    finish, Claimed, Collect, Delivery, PopRequest, Popped, QueueInfo, Subscription, Take,
 };
 use crate::storage::error::StorageError;
 
@@ -83,6 +83,9 @@ async fn claim_and_deliver(
                 (handoff, rows)
             }
         };
+        // Whether every partition claimed here was handed out: after one that was not (released
+        // empty), the pop ends with what it has, as the lists could offer it again.
+        let mut all_taken = true;
         let mut rows = rows.into_iter().peekable();
         while let Some(head) = rows.next() {
             let partition_id = head.partition_id;
@@ -95,7 +98,10 @@ async fn claim_and_deliver(
             }
             // Every partition claimed is delivered or released, even past an empty one: its
             // lease is this pop's.
-            deliver.partition(conn, part).await?;
+            all_taken &= matches!(deliver.partition(conn, part).await?, Take::Taken);
+        }
+        if !all_taken {
+            break;
         }
     }
     Ok(match deliver.queue {
@@ -125,12 +131,13 @@ struct Deliver<'r, 'a> {
 
 impl Deliver<'_, '_> {
     /// Delivers (or releases, when nothing is deliverable) one claimed partition from its
-    /// rows (`rows[0]` carries the claim, each row one covering segment).
+    /// rows (`rows[0]` carries the claim, each row one covering segment); whether it was
+    /// handed out.
     async fn partition(
         &mut self,
         conn: &mut LazyConn<'_>,
         rows: Vec<ReadyRow>,
-    ) -> Result<(), StorageError> {
+    ) -> Result<Take, StorageError> {
         let req = self.req;
         let head = &rows[0];
         let info = self.queue.get_or_insert_with(|| QueueInfo {
@@ -189,10 +196,10 @@ impl Deliver<'_, '_> {
             slots: self.slots,
             deliveries: std::mem::take(&mut self.deliveries),
         };
-        collect.deliver(conn, claimed).await?;
+        let taken = collect.deliver(conn, claimed).await?;
         self.remaining = collect.remaining;
         self.deliveries = collect.deliveries;
-        Ok(())
+        Ok(taken)
     }
 }
 
