@@ -10,6 +10,7 @@ use crate::support::{fresh_db, spawn_app, TestDb};
 use queen_broker::storage::consume::statements::{READY_SQL, SCAN_SQL};
 use queen_broker::storage::consume::QUEUE_MODE;
 use serde_json::Value;
+use sqlx::Row;
 
 /// Partitions of the queue: 100 000, or `QUEEN_POP_SCALE_PARTITIONS`.
 fn partitions() -> i64 {
@@ -46,6 +47,25 @@ async fn leased(conn: &mut sqlx::PgConnection) -> Vec<(String, Option<i64>, Opti
     .fetch_all(conn)
     .await
     .unwrap()
+}
+
+/// `sql` (`READY_SQL`, or a statement wrapping it) with its parameters for a queue-mode pop of
+/// `wide` with a batch of `batch` and room for `room` partitions, holding no segments.
+fn ready_pop(
+    sql: &str,
+    batch: i64,
+    room: i64,
+) -> sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(sql)
+        .bind("wide")
+        .bind(QUEUE_MODE)
+        .bind(uuid::Uuid::now_v7())
+        .bind("test")
+        .bind(batch)
+        .bind(Vec::<i64>::new())
+        .bind(Vec::<i64>::new())
+        .bind(Vec::<i64>::new())
+        .bind(room)
 }
 
 /// Finds every node of a JSON plan.
@@ -200,19 +220,12 @@ async fn the_one_statement_pop_reads_a_few_rows_when_100_000_partitions_wait() {
 
     let mut conn = db.conn().await;
     // One pop with room for 4 partitions and a batch of 10.
-    let plan: Value = sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, FORMAT JSON) {READY_SQL}"))
-        .bind("wide")
-        .bind(QUEUE_MODE)
-        .bind(uuid::Uuid::now_v7())
-        .bind("test")
-        .bind(10_i64)
-        .bind(Vec::<i64>::new())
-        .bind(Vec::<i64>::new())
-        .bind(Vec::<i64>::new())
-        .bind(4_i64)
+    let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {READY_SQL}");
+    let plan: Value = ready_pop(&explain, 10, 4)
         .fetch_one(&mut conn)
         .await
-        .unwrap();
+        .unwrap()
+        .get(0);
     let mut all = Vec::new();
     nodes(&plan[0]["Plan"], &mut all);
     // Every scan of the two big tables reads a handful of rows (each list as far as the 4
@@ -242,16 +255,7 @@ async fn the_one_statement_pop_reads_a_few_rows_when_100_000_partitions_wait() {
     assert_eq!(claimed, (0..4).map(last).collect::<Vec<_>>());
     // A batch of 2 with room for 4 partitions claims the next 2: what is left of the batch is
     // shared out in order, and a partition nothing is left for is not claimed.
-    let rows = sqlx::query(READY_SQL)
-        .bind("wide")
-        .bind(QUEUE_MODE)
-        .bind(uuid::Uuid::now_v7())
-        .bind("test")
-        .bind(2_i64)
-        .bind(Vec::<i64>::new())
-        .bind(Vec::<i64>::new())
-        .bind(Vec::<i64>::new())
-        .bind(4_i64)
+    let rows = ready_pop(READY_SQL, 2, 4)
         .fetch_all(&mut conn)
         .await
         .unwrap();

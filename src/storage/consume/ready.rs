@@ -52,6 +52,12 @@ async fn claim_and_deliver(
     let mut deliver = Deliver {
         req,
         lease_id,
+        sub: Subscription {
+            from: None,
+            scan: (0, 0),
+            // The one-statement pops never claim for a conflating group.
+            conflation: false,
+        },
         queue: None,
         remaining: req.batch.max(1),
         slots: req.partitions.max(1),
@@ -62,6 +68,7 @@ async fn claim_and_deliver(
     // hand-offs are then tried even when it was its turn, and it is not run again.
     let mut ready_empty = false;
     while deliver.remaining > 0 && deliver.deliveries.len() < deliver.slots {
+        let open = deliver.slots - deliver.deliveries.len();
         let (handoff, rows) = match ahead.take() {
             Some((partition_id, rows)) => (Some(partition_id), rows),
             None => {
@@ -74,20 +81,18 @@ async fn claim_and_deliver(
                     break;
                 }
                 handoffs_tried += usize::from(handoff.is_some());
-                let open = deliver.slots - deliver.deliveries.len();
                 let want = (deliver.remaining, open);
                 let rows = claim(conn, req, lease_id, want, handoff, &mut all_held).await?;
-                // The lists hold no more than it claimed (a hand-off taken meanwhile or with
-                // nothing left just goes on to the next).
-                ready_empty |= handoff.is_none() && partitions_in(&rows) < open;
                 (handoff, rows)
             }
         };
         // Whether every partition claimed here was handed out: after one that was not (released
         // empty), the pop ends with what it has, as the lists could offer it again.
         let mut all_taken = true;
+        let mut claimed = 0;
         let mut rows = rows.into_iter().peekable();
         while let Some(head) = rows.next() {
+            claimed += 1;
             let partition_id = head.partition_id;
             let mut part = vec![head];
             while let Some(row) = rows.next_if(|r| r.partition_id == partition_id) {
@@ -100,6 +105,9 @@ async fn claim_and_deliver(
             // lease is this pop's.
             all_taken &= matches!(deliver.partition(conn, part).await?, Take::Taken);
         }
+        // The lists hold no more than the one-statement pop claimed (a hand-off taken meanwhile
+        // or with nothing left just goes on to the next).
+        ready_empty |= handoff.is_none() && claimed < open;
         if !all_taken {
             break;
         }
@@ -112,16 +120,11 @@ async fn claim_and_deliver(
     })
 }
 
-/// The distinct partitions of `rows` (each partition's rows are together).
-fn partitions_in(rows: &[ReadyRow]) -> usize {
-    rows.chunk_by(|a, b| a.partition_id == b.partition_id)
-        .count()
-}
-
 /// What [`claim_and_deliver`] has handed out so far, and what is left of the pop.
 struct Deliver<'r, 'a> {
     req: &'r PopRequest<'a>,
     lease_id: Uuid,
+    sub: Subscription,
     /// The queue, from the first claim's rows.
     queue: Option<QueueInfo>,
     remaining: usize,
@@ -181,16 +184,10 @@ impl Deliver<'_, '_> {
         if evicted {
             claimed.segments.clear();
         }
-        let sub = Subscription {
-            from: None,
-            scan: (0, 0),
-            // The one-statement pops never claim for a conflating group.
-            conflation: false,
-        };
         let mut collect = Collect {
             req,
             queue: info,
-            sub: &sub,
+            sub: &self.sub,
             lease_id: self.lease_id,
             remaining: self.remaining,
             slots: self.slots,
