@@ -354,6 +354,9 @@ pub async fn start(settings: Settings) -> Result<Broker, StartError> {
 
     actix_web::rt::spawn(check_key(pool.clone(), payload_key.clone()));
     actix_web::rt::spawn(check_durability(pool.clone()));
+    // Tables that grew past what the planner knows of them are analyzed without waiting for
+    // autovacuum (storage::cluster::statistics).
+    actix_web::rt::spawn(storage::cluster::statistics::keep_loop(pool.clone()));
 
     actix_web::rt::spawn(storage::push::dedup::sweep_loop(
         pool.clone(),

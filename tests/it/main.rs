@@ -50,6 +50,7 @@ mod messages_routes;
 mod observability;
 mod outage_cluster;
 mod outage_proxy;
+mod planner_statistics;
 mod pop_2x;
 mod pop_basic;
 mod pop_fairness;
