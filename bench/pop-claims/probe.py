@@ -5,7 +5,9 @@ postgres://postgres@127.0.0.1:5432, the machine's own), pushes PER messages to e
 PARTITIONS partitions of one queue, runs ANALYZE (the statistics a running deployment has; set
 ANALYZE=0 to keep a fresh database's), then pops POPS times with `batch=BATCH&partitions=CLAIM
 &wait=false`, acking each answer in one batch ack (not timed). Prints one JSON line: the median
-and p90 time of a pop as the client saw it, messages and partitions per pop. With one client and
+and p90 time of a pop as the client saw it, messages and partitions per pop, and how often
+`queen.partitions` and `queen.partition_consumers` had been analyzed by then (by hand or by the
+broker, and by autovacuum). With one client and
 no other load, a pop's time is the broker's and PostgreSQL's.
 
     python3 bench/pop-claims/probe.py BROKER_BIN PARTITIONS PER BATCH CLAIM POPS
@@ -86,6 +88,12 @@ def main() -> None:
                 raise SystemExit(f"ack answered {status}: {body}")
         if not times:
             raise SystemExit("no pop found a message")
+        # Who had analyzed the tables by the end: (manual, autovacuum) analyses of each.
+        analyses = subprocess.run(
+            ["psql", f"{base}/{db}", "-tAc",
+             "SELECT relname, analyze_count, autoanalyze_count FROM pg_stat_user_tables"
+             " WHERE schemaname = 'queen' AND relname IN ('partitions', 'partition_consumers')"],
+            check=True, capture_output=True, text=True).stdout.split()
         print(json.dumps({
             "bin": binary, "partitions": parts, "per": per, "batch": batch, "claim": claim,
             "analyzed": os.environ.get("ANALYZE", "1") == "1", "pops": len(times),
@@ -93,6 +101,8 @@ def main() -> None:
             "p90_ms": round(sorted(times)[int(len(times) * 0.9)], 2),
             "msgs_per_pop": round(statistics.mean(counts), 1),
             "partitions_per_pop": round(statistics.mean(claimed), 1),
+            "analyses": {row.split("|")[0]: [int(n) for n in row.split("|")[1:]]
+                         for row in analyses},
         }))
     finally:
         broker.terminate()

@@ -11,6 +11,9 @@
 //! its next visit (`autovacuum_naptime`, a minute by default), and a busy database can take
 //! longer; a broker started on a new database would pop slowly for that long.
 //!
+//! A database without autovacuum gets no statistics at all but these; the broker says at start
+//! that autovacuum is off (nothing vacuums the tables either).
+//!
 //! Every broker checks; one at a time analyzes (a transaction-level advisory lock per table),
 //! and a broker tries a table again only once it has doubled since its last try, so a role that
 //! does not own the tables (PostgreSQL then skips them with a warning) costs one statement per
@@ -123,6 +126,20 @@ pub async fn analyze(pool: &PgPool, table: &str) -> Result<bool, StorageError> {
     Ok(locked)
 }
 
+/// Whether autovacuum runs on the broker's database: the `autovacuum` setting, and
+/// `track_counts`, without which it has nothing to go by (and neither has [`analyze_grown`]).
+///
+/// # Errors
+///
+/// Any database error.
+pub async fn autovacuum_on<'e>(db: impl PgExecutor<'e>) -> Result<bool, StorageError> {
+    Ok(sqlx::query_scalar(
+        "SELECT current_setting('autovacuum') = 'on' AND current_setting('track_counts') = 'on'",
+    )
+    .fetch_one(db)
+    .await?)
+}
+
 /// The rows each table held when this broker last tried to analyze it.
 #[derive(Debug, Default)]
 pub struct Tries {
@@ -152,8 +169,18 @@ pub async fn analyze_grown(
     Ok(analyzed)
 }
 
-/// The background task: an [`analyze_grown`] every [`EVERY`].
+/// The background task: says once whether autovacuum is off, then an [`analyze_grown`] every
+/// [`EVERY`].
 pub async fn keep_loop(pool: PgPool) {
+    match autovacuum_on(&pool).await {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(
+            "autovacuum (or track_counts) is off on this database: the broker analyzes the \
+             tables it grows, but nothing vacuums them, so the dead row versions every write \
+             leaves in queen.partitions pile up and slow every pop; turn autovacuum on"
+        ),
+        Err(e) => tracing::debug!(error = %e, "whether autovacuum runs could not be read"),
+    }
     let mut tick = tokio::time::interval(EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tries = Tries::default();
