@@ -16,16 +16,13 @@ median execution time of the scan as planned before and after, and who analyzed
 docs/history/benchmarks.md, "A new database's tables analyzed by the broker", runs it against a
 broker that analyzes the tables it grows and one that leaves them to autovacuum.
 """
-import http.client
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import uuid
+
+from lone_broker import lone_broker
 
 SCAN = """
 SELECT w.id, w.next_offset
@@ -41,53 +38,24 @@ def main() -> None:
     binary = sys.argv[1]
     parts, per = int(sys.argv[2]), int(sys.argv[3])
     watch = float(os.environ.get("WATCH", "90"))
-    base = os.environ.get("PG_URL", "postgres://postgres@127.0.0.1:5432")
-    db = "first_stats_" + uuid.uuid4().hex[:8]
-    psql = ["psql", f"{base}/postgres", "-qc"]
-    subprocess.run(psql + [f"CREATE DATABASE {db}"], check=True)
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    env = dict(os.environ, HOST="127.0.0.1", PORT=str(port), FILE_BUFFER_DIR=tempfile.mkdtemp(),
-               LOG_LEVEL="warn", QUEEN_CONFIG="", DATABASE_URL=f"{base}/{db}")
-    log = open(os.path.join(tempfile.gettempdir(), "first-statistics-broker.log"), "w")
-    broker = subprocess.Popen([binary], env=env, stdout=subprocess.DEVNULL, stderr=log)
+    with lone_broker(binary, "first_stats") as b:
 
-    def sql(text):
-        return subprocess.run(["psql", f"{base}/{db}", "-tAc", text], check=True,
-                              capture_output=True, text=True).stdout.strip()
+        def scan():
+            plan = json.loads(b.sql("EXPLAIN (ANALYZE, FORMAT JSON) " + SCAN))[0]
+            nodes, todo = [], [plan["Plan"]]
+            while todo:
+                n = todo.pop()
+                nodes.append(n)
+                todo.extend(n.get("Plans", []))
+            on = [n["Node Type"] for n in nodes if n.get("Relation Name") == "partitions"]
+            return on[0], plan["Execution Time"]
 
-    def scan():
-        plan = json.loads(sql("EXPLAIN (ANALYZE, FORMAT JSON) " + SCAN))[0]
-        nodes, todo = [], [plan["Plan"]]
-        while todo:
-            n = todo.pop()
-            nodes.append(n)
-            todo.extend(n.get("Plans", []))
-        on = [n["Node Type"] for n in nodes if n.get("Relation Name") == "partitions"]
-        return on[0], plan["Execution Time"]
-
-    try:
-        for _ in range(300):
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
-        c = http.client.HTTPConnection("127.0.0.1", port)
         items = [{"queue": "fq", "partition": f"p{i}", "payload": {"n": k}}
                  for k in range(per) for i in range(parts)]
         for i in range(0, len(items), 1000):
-            c.request("POST", "/api/v1/push", body=json.dumps({"items": items[i:i + 1000]}),
-                      headers={"Content-Type": "application/json"})
-            r = c.getresponse()
-            r.read()
-            if r.status not in (200, 201):
-                raise SystemExit(f"push answered {r.status}")
+            status, _ = b.call("POST", "/api/v1/push", {"items": items[i:i + 1000]})
+            if status not in (200, 201):
+                raise SystemExit(f"push answered {status}")
         pushed = time.monotonic()
         blind, flipped = [], None
         while time.monotonic() - pushed < watch:
@@ -97,10 +65,11 @@ def main() -> None:
                 break
             blind.append(ms)
             time.sleep(0.5)
-        analyses = sql("SELECT analyze_count || ' ' || autoanalyze_count FROM pg_stat_user_tables"
-                       " WHERE relid = 'queen.partitions'::regclass").split()
+        analyses = b.sql("SELECT analyze_count || ' ' || autoanalyze_count"
+                         " FROM pg_stat_user_tables WHERE relid = 'queen.partitions'::regclass"
+                         ).split()
         if flipped is None:
-            sql("ANALYZE queen.partitions")
+            b.sql("ANALYZE queen.partitions")
         after = [scan() for _ in range(5)]
         print(json.dumps({
             "bin": binary, "partitions": parts, "per": per, "watch_s": watch,
@@ -111,10 +80,6 @@ def main() -> None:
             "after_median_ms": round(statistics.median(ms for _, ms in after), 2),
             "partitions_analyses": {"manual": int(analyses[0]), "autovacuum": int(analyses[1])},
         }))
-    finally:
-        broker.terminate()
-        broker.wait()
-        subprocess.run(psql + [f"DROP DATABASE {db}"])
 
 
 if __name__ == "__main__":

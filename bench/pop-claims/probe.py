@@ -15,52 +15,20 @@ no other load, a pop's time is the broker's and PostgreSQL's.
 docs/history/benchmarks.md, "A pop's partitions claimed in one statement", runs it alternately
 against two broker builds.
 """
-import http.client
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import uuid
+
+from lone_broker import lone_broker
 
 
 def main() -> None:
     binary = sys.argv[1]
     parts, per, batch, claim, pops = (int(a) for a in sys.argv[2:7])
-    base = os.environ.get("PG_URL", "postgres://postgres@127.0.0.1:5432")
-    db = "pop_probe_" + uuid.uuid4().hex[:8]
-    psql = ["psql", f"{base}/postgres", "-qc"]
-    subprocess.run(psql + [f"CREATE DATABASE {db}"], check=True)
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    env = dict(os.environ, HOST="127.0.0.1", PORT=str(port), FILE_BUFFER_DIR=tempfile.mkdtemp(),
-               LOG_LEVEL="warn", QUEEN_CONFIG="", DATABASE_URL=f"{base}/{db}")
-    log = open(os.path.join(tempfile.gettempdir(), "pop-probe-broker.log"), "w")
-    broker = subprocess.Popen([binary], env=env, stdout=subprocess.DEVNULL, stderr=log)
-    try:
-        for _ in range(300):
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
-        c = http.client.HTTPConnection("127.0.0.1", port)
-
-        def call(method, path, body=None):
-            c.request(method, path, body=None if body is None else json.dumps(body),
-                      headers={"Content-Type": "application/json"})
-            r = c.getresponse()
-            data = r.read()
-            return r.status, json.loads(data) if data else None
-
+    with lone_broker(binary, "pop_probe") as b:
+        call = b.call
         items = [{"queue": "pq", "partition": f"p{i}", "payload": {"n": k}}
                  for k in range(per) for i in range(parts)]
         for i in range(0, len(items), 1000):
@@ -69,7 +37,7 @@ def main() -> None:
                 raise SystemExit(f"push answered {status}: {body}")
         time.sleep(1)
         if os.environ.get("ANALYZE", "1") == "1":
-            subprocess.run(["psql", f"{base}/{db}", "-qc", "ANALYZE"], check=True)
+            b.sql("ANALYZE")
         times, counts, claimed = [], [], []
         for _ in range(pops):
             t = time.perf_counter()
@@ -89,11 +57,10 @@ def main() -> None:
         if not times:
             raise SystemExit("no pop found a message")
         # Who had analyzed the tables by the end: (manual, autovacuum) analyses of each.
-        analyses = subprocess.run(
-            ["psql", f"{base}/{db}", "-tAc",
-             "SELECT relname, analyze_count, autoanalyze_count FROM pg_stat_user_tables"
-             " WHERE schemaname = 'queen' AND relname IN ('partitions', 'partition_consumers')"],
-            check=True, capture_output=True, text=True).stdout.split()
+        analyses = b.sql(
+            "SELECT relname, analyze_count, autoanalyze_count FROM pg_stat_user_tables"
+            " WHERE schemaname = 'queen' AND relname IN ('partitions', 'partition_consumers')"
+        ).split()
         print(json.dumps({
             "bin": binary, "partitions": parts, "per": per, "batch": batch, "claim": claim,
             "analyzed": os.environ.get("ANALYZE", "1") == "1", "pops": len(times),
@@ -104,10 +71,6 @@ def main() -> None:
             "analyses": {row.split("|")[0]: [int(n) for n in row.split("|")[1:]]
                          for row in analyses},
         }))
-    finally:
-        broker.terminate()
-        broker.wait()
-        subprocess.run(psql + [f"DROP DATABASE {db}"])
 
 
 if __name__ == "__main__":

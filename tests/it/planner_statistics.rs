@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::support::consuming::*;
-use crate::support::{fresh_db, spawn_app};
+use crate::support::{fresh_db, plan_nodes, spawn_app};
 use queen_broker::storage::cluster::statistics::{analyze_grown, Tries, MIN_ROWS};
 use queen_broker::storage::consume::statements::READY_SQL;
 use serde_json::{json, Value};
@@ -21,16 +21,6 @@ async fn analyzed(conn: &mut sqlx::PgConnection, table: &str) -> (i64, f32) {
     .fetch_one(conn)
     .await
     .unwrap()
-}
-
-/// Finds every node of a JSON plan.
-fn nodes<'a>(plan: &'a Value, out: &mut Vec<&'a Value>) {
-    out.push(plan);
-    if let Some(children) = plan["Plans"].as_array() {
-        for child in children {
-            nodes(child, out);
-        }
-    }
 }
 
 #[actix_web::test]
@@ -93,8 +83,7 @@ async fn a_table_grown_from_nothing_is_analyzed_by_the_broker() {
         .fetch_one(&mut conn)
         .await
         .unwrap();
-    let mut all = Vec::new();
-    nodes(&plan[0]["Plan"], &mut all);
+    let all = plan_nodes(&plan[0]["Plan"]);
     assert!(
         all.iter()
             .any(|n| n["Index Name"] == "partitions_write_order" && n["Node Type"] == "Index Scan"),

@@ -6,7 +6,7 @@
 //! deadline and is finished by retries (see the test).
 
 use crate::support::consuming::*;
-use crate::support::{fresh_db, spawn_app, TestDb};
+use crate::support::{fresh_db, plan_nodes, spawn_app, TestDb};
 use queen_broker::storage::consume::statements::{READY_SQL, SCAN_SQL};
 use queen_broker::storage::consume::QUEUE_MODE;
 use serde_json::Value;
@@ -68,16 +68,6 @@ fn ready_pop(
         .bind(room)
 }
 
-/// Finds every node of a JSON plan.
-fn nodes<'a>(plan: &'a Value, out: &mut Vec<&'a Value>) {
-    out.push(plan);
-    if let Some(children) = plan["Plans"].as_array() {
-        for child in children {
-            nodes(child, out);
-        }
-    }
-}
-
 #[actix_web::test]
 async fn a_queue_pop_among_100_000_consumed_partitions_reads_only_what_was_written() {
     let db = fresh_db().await;
@@ -135,8 +125,7 @@ async fn a_queue_pop_among_100_000_consumed_partitions_reads_only_what_was_writt
         .fetch_one(&mut conn)
         .await
         .unwrap();
-    let mut all = Vec::new();
-    nodes(&plan[0]["Plan"], &mut all);
+    let all = plan_nodes(&plan[0]["Plan"]);
     let on_partitions: Vec<&&Value> = all
         .iter()
         .filter(|n| n["Relation Name"] == "partitions")
@@ -226,8 +215,7 @@ async fn the_one_statement_pop_reads_a_few_rows_when_100_000_partitions_wait() {
         .await
         .unwrap()
         .get(0);
-    let mut all = Vec::new();
-    nodes(&plan[0]["Plan"], &mut all);
+    let all = plan_nodes(&plan[0]["Plan"]);
     // Every scan of the two big tables reads a handful of rows (each list as far as the 4
     // partitions the pop has room for), never the waiting backlog.
     for n in all.iter().filter(|n| {

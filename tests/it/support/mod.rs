@@ -50,6 +50,19 @@ where
     }
 }
 
+/// Every node of a JSON plan (`EXPLAIN (FORMAT JSON)`'s `[0]["Plan"]`), the root first.
+pub fn plan_nodes(plan: &serde_json::Value) -> Vec<&serde_json::Value> {
+    let mut out = Vec::new();
+    let mut todo = vec![plan];
+    while let Some(node) = todo.pop() {
+        out.push(node);
+        if let Some(children) = node["Plans"].as_array() {
+            todo.extend(children.iter().rev());
+        }
+    }
+    out
+}
+
 /// The PostgreSQL the tests of this binary use.
 pub struct TestPg {
     /// URL of the server's `postgres` database (admin connection).
