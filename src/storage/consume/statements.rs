@@ -251,9 +251,9 @@ SELECT q.id AS queue_id, q.lease_time,
 /// the 16 written longest ago, those claimed least recently); no row is on two lists. Each
 /// list is read from its index only as far as the claimable rows the pop still has room for,
 /// skipping rows another claim is locking (`SKIP LOCKED`), and not at all when the earlier
-/// ones filled the room, so a pop reads a handful of rows however many partitions wait. The batch `$5` is
-/// shared out in that order: each partition takes what it holds of what the ones before it left,
-/// and a partition nothing is left for is not claimed. It records each leased range and returns
+/// ones filled the room, so a pop reads a handful of rows however many partitions wait. The
+/// batch `$5` is shared out in that order: each partition takes what it holds of what the ones
+/// before it left, and a partition nothing is left for is not claimed. It records each leased range and returns
 /// the covering segments with the queue's options, partition after partition, without the
 /// frames of the segments the broker holds: for each partition in `$6`, those with bases from
 /// `$7` to `$8` (the run of consecutive segments it holds,
