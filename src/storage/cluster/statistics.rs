@@ -161,8 +161,11 @@ pub async fn analyze_grown(
         if !size.is_due(tries.rows.get(&size.table).copied()) {
             continue;
         }
+        // Counted as tried once the statement ran (or another broker held the table): a failed
+        // one is tried again at the next look, not only once the table has doubled.
+        let ran = analyze(pool, &size.table).await?;
         tries.rows.insert(size.table.clone(), size.rows);
-        if analyze(pool, &size.table).await? {
+        if ran {
             analyzed.push(size);
         }
     }
